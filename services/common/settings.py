@@ -1,0 +1,62 @@
+"""One typed settings class per service; every field is also a `BATON_*` variable and a `--flag`.
+
+Precedence: command-line flag > environment variable > default. Each field's `description` is its only
+documentation: it feeds `--help` and docs/configuration.md.
+"""
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any, TypeVar
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+S = TypeVar("S", bound="BatonSettings")
+
+
+class BatonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BATON_", extra="forbid", validate_default=True)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _scalar_type(annotation: Any) -> Any:
+    """The type argparse should convert to, with Optional[...] unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _scalar_type(args[0]) if len(args) == 1 else str
+    if origin is typing.Literal:
+        return type(typing.get_args(annotation)[0])
+    return annotation
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[BatonSettings],
+                           exclude: tuple[str, ...] = ()) -> None:
+    group = parser.add_argument_group(f"{settings_cls.__name__} (each also readable from BATON_<NAME>)")
+    for name, field in settings_cls.model_fields.items():
+        if name in exclude:
+            continue
+        kind = _scalar_type(field.annotation)
+        help_text = f"{field.description or ''} [default: {field.default!r}]"
+        if kind is bool:
+            group.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+            continue
+        choices = None
+        if typing.get_origin(field.annotation) is typing.Literal:
+            choices = list(typing.get_args(field.annotation))
+        is_list = typing.get_origin(kind) is list
+        group.add_argument(_flag(name), dest=name, default=argparse.SUPPRESS, help=help_text, choices=choices,
+                           nargs="+" if is_list else None,
+                           type=typing.get_args(kind)[0] if is_list else kind if kind in (int, float) else str)
+
+
+def settings_from_args(settings_cls: type[S], args: argparse.Namespace, **overrides: Any) -> S:
+    """Only flags the user actually gave override the environment (argparse.SUPPRESS keeps the rest out)."""
+    given = {k: v for k, v in vars(args).items() if k in settings_cls.model_fields}
+    given.update(overrides)
+    return settings_cls(**given)

@@ -1,0 +1,69 @@
+"""Per-request sampling and stopping parameters, with vLLM's defaults and meanings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+# Below this temperature sampling is greedy, as in vLLM.
+GREEDY_EPSILON = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPSILON
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    def validate(self, max_logprobs: int = 20) -> None:
+        """Raises ValueError naming the offending field; callers map it to HTTP 400 / INVALID_ARGUMENT."""
+        checks = [
+            (self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}"),
+            (0.0 <= self.temperature <= 100.0, "temperature", f"must be in [0, 100], got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= -1, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}"),
+            (0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}"),
+            (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
+             f"must be in (0, 2], got {self.repetition_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"must be in [-2, 2], got {self.frequency_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"must be in [-2, 2], got {self.presence_penalty}"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+             f"must be in [0, max_tokens], got {self.min_tokens}"),
+            (self.logprobs is None or 0 <= self.logprobs <= max_logprobs, "logprobs",
+             f"must be in [0, {max_logprobs}], got {self.logprobs}"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings"),
+            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+             "must be non-negative token ids"),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise ValueError(f"{name} {message}")
+
+    def for_choice(self, index: int) -> "SamplingParams":
+        """Parameters of the index-th of n parallel samples: seeds are offset so choices differ but reproduce."""
+        return replace(self, seed=None if self.seed is None else self.seed + index)
