@@ -1,0 +1,37 @@
+"""Prefix-cache block keys, shared by every worker and the router so that all compute identical hashes.
+
+A block's key chains its parent's key with its token ids. The first block's parent is a root derived from a
+fixed seed, the model identity and an optional per-tenant salt, so neither different models nor different
+tenants ever share (or can probe) each other's cached blocks. Keys are 64-bit so they fit protobuf uint64.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+HASH_SEED = b"baton-prefix-cache-v1"
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def root_hash(model_id: str, cache_salt: str | None = None) -> int:
+    salt = b"" if cache_salt is None else cache_salt.encode()
+    return _digest(HASH_SEED + b"\0" + model_id.encode() + b"\0" + salt)
+
+
+def chain_hash(parent: int, token_ids: Sequence[int]) -> int:
+    return _digest(parent.to_bytes(8, "little") + array("q", token_ids).tobytes())
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str, cache_salt: str | None = None,
+                 start: int = 0, parent: int | None = None) -> list[int]:
+    """Keys of the full blocks of token_ids, from block index `start` (whose parent key is `parent`)."""
+    h = root_hash(model_id, cache_salt) if parent is None else parent
+    keys = []
+    for i in range(start, len(token_ids) // block_size):
+        h = chain_hash(h, token_ids[i * block_size:(i + 1) * block_size])
+        keys.append(h)
+    return keys

@@ -1,0 +1,103 @@
+"""Paged KV-cache bookkeeping: block allocation, reference counts and the prefix cache.
+
+Free blocks sit in one LRU queue. Blocks without a hash go to its front (reused first); freed cached blocks go
+to its back and stay hittable until allocation reaches and evicts them.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from baton.services.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, model_id: str, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.model_id = model_id
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding seq's longest cached prefix. The last token is always left to compute: the
+        model must run on at least one token to produce logits, and a shared block must never be rewritten."""
+        if not self.enable_prefix_caching:
+            return []
+        hashes = seq.full_block_hashes(self.block_size, self.model_id)
+        limit = (seq.num_tokens - 1) // self.block_size
+        hits = []
+        for h in hashes[:limit]:
+            block = self.cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def can_admit(self, hit_blocks: list[int], num_tokens: int) -> bool:
+        """Whether hits can be pinned and the rest of num_tokens allocated."""
+        reclaimed = sum(1 for b in hit_blocks if self.ref_counts[b] == 0)
+        new = self.blocks_needed(num_tokens) - len(hit_blocks)
+        return new <= self.num_free_blocks - reclaimed
+
+    def admit(self, seq: Sequence, hit_blocks: list[int]) -> None:
+        for b in hit_blocks:
+            if self.ref_counts[b] == 0:
+                del self.free_queue[b]
+            self.ref_counts[b] += 1
+        seq.block_ids = list(hit_blocks)
+        seq.num_computed_tokens = len(hit_blocks) * self.block_size
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(seq.block_ids) <= self.num_free_blocks
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Gives seq enough blocks to hold num_tokens tokens."""
+        for _ in range(self.blocks_needed(num_tokens) - len(seq.block_ids)):
+            seq.block_ids.append(self._allocate())
+
+    def _allocate(self) -> int:
+        block, _ = self.free_queue.popitem(last=False)
+        old_hash = self.block_hash[block]
+        if old_hash is not None:
+            del self.cached[old_hash]
+            self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def cache_full_blocks(self, seq: Sequence, old_computed: int) -> None:
+        """Registers the blocks that the last step filled, so later requests can hit them."""
+        if not self.enable_prefix_caching:
+            return
+        first, end = old_computed // self.block_size, seq.num_computed_tokens // self.block_size
+        if end <= first:
+            return
+        hashes = seq.full_block_hashes(self.block_size, self.model_id)
+        for i in range(first, end):
+            block, h = seq.block_ids[i], hashes[i]
+            if self.block_hash[block] is None and h not in self.cached:
+                self.block_hash[block] = h
+                self.cached[h] = block
+
+    def free(self, seq: Sequence) -> None:
+        """Releases seq's blocks; the tail goes back first so that cached heads outlive their tails."""
+        for block in reversed(seq.block_ids):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+                if self.block_hash[block] is None:
+                    self.free_queue.move_to_end(block, last=False)
+        seq.block_ids = []

@@ -1,0 +1,198 @@
+"""The engine: requests in, one scheduled forward pass per step, tokens and text out."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from baton.services.engine.block_manager import BlockManager
+from baton.services.engine.config import EngineConfig
+from baton.services.engine.detokenizer import IncrementalDetokenizer
+from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.models.loader import load_config, sliding_window
+from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.engine.sampler import sample
+from baton.services.engine.sampling_params import SamplingParams
+from baton.services.engine.scheduler import ScheduledSeq, Scheduler
+from baton.services.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class EngineCounters:
+    prompt_tokens_computed: int = 0  # prefill tokens actually run through the model (cache hits excluded)
+    generation_tokens: int = 0
+    steps: int = 0
+    requests_finished: int = 0
+
+
+def _resolve(config: EngineConfig, checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if config.device == "auto" else config.device)
+    if config.dtype != "auto":
+        return device, DTYPES[config.dtype]
+    # Half precision is slow on most CPUs; GPUs run the checkpoint's own dtype.
+    return device, (checkpoint_dtype or torch.bfloat16) if device.type == "cuda" else torch.float32
+
+
+def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids: set[int] = set()
+    if (model_dir / "generation_config.json").exists():
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _prompt_tokens_in(item: ScheduledSeq) -> int:
+    """How many of the tokens just computed for item were prompt tokens (after finish_step advanced it)."""
+    start = item.seq.num_computed_tokens - item.num_tokens
+    return max(0, min(item.num_tokens, item.seq.num_prompt_tokens - start))
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.model is None:
+            from baton.services.engine.tiny_model import embedded_model_path
+            config = config.model_copy(update={"model": str(embedded_model_path())})
+        self.config = config
+        self.model_dir = Path(config.model)
+        self.model_config = load_config(self.model_dir)
+        self.model_id = config.served_model_name or self.model_dir.name
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.eos_ids = eos_token_ids(self.model_dir, self.tokenizer)
+        self.max_model_len = self._max_model_len()
+        self.device, self.dtype = _resolve(config, getattr(self.model_config, "dtype", None))
+        self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype, self.device,
+                                  self.max_model_len)
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
+                                   config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
+                                   config.enable_chunked_prefill)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.counters = EngineCounters()
+        self.seqs: dict[str, Sequence] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+
+    def _max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        window = sliding_window(self.model_config)
+        if window is not None and window < limit:
+            log.warning("capping context at the sliding window (%d tokens): windowed attention is not implemented",
+                        window)
+            limit = window
+        if self.config.max_model_len is not None:
+            if self.config.max_model_len > limit:
+                raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's limit of {limit}")
+            limit = self.config.max_model_len
+        return limit
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                    priority: int = 0, cache_salt: str | None = None) -> None:
+        """Queues a request. Raises ValueError with a client-facing message when it can never be served."""
+        if request_id in self.seqs:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        params.validate(self.config.max_logprobs)
+        self._check_prompt(prompt_token_ids, params)
+        seq = Sequence(request_id, prompt_token_ids, params, priority=priority, cache_salt=cache_salt)
+        self.seqs[request_id] = seq
+        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer.backend_tokenizer,
+                                                               seq.prompt_token_ids, params)
+        self.scheduler.add(seq)
+
+    def _check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                             f"asks for {total} ({len(prompt)} prompt + {params.max_tokens} to generate)")
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
+            raise ValueError(f"the request needs {total} tokens of KV cache; this worker holds "
+                             f"{self.blocks.num_blocks * self.blocks.block_size}")
+        if not self.config.enable_chunked_prefill and total > self.config.max_num_batched_tokens:
+            raise ValueError(f"with chunked prefill off, prompt plus output is limited to max_num_batched_tokens "
+                             f"({self.config.max_num_batched_tokens})")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return None
+        seq.finish_reason = "abort"
+        return self._finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduled forward pass; returns an output for every request that produced tokens or finished."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        items, logits = self.runner.execute(scheduled)
+        self.scheduler.finish_step(scheduled)
+        self.counters.steps += 1
+        self.counters.prompt_tokens_computed += sum(_prompt_tokens_in(s) for s in scheduled)
+        seqs = [item.seq for item in items]
+        tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids)
+        return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
+
+    def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
+        seq.token_ids.append(token)
+        self.counters.generation_tokens += 1
+        if seq.logprobs is not None and logprobs is not None:
+            seq.logprobs.append(logprobs)
+        stop = self.detokenizers[seq.request_id].add(token)
+        p = seq.params
+        if stop is not None:
+            seq.finish_reason, seq.stop_reason = "stop", stop
+        elif token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif token in self.eos_ids and not p.ignore_eos and seq.num_output_tokens >= p.min_tokens:
+            seq.finish_reason = "stop"
+        elif seq.num_output_tokens >= p.max_tokens:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            return self._finish(seq, num_new=1)
+        return self._output(seq, num_new=1, final=False)
+
+    def _finish(self, seq: Sequence, num_new: int = 0) -> RequestOutput:
+        self.scheduler.remove(seq)
+        self.counters.requests_finished += 1
+        out = self._output(seq, num_new=num_new, final=True)
+        del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
+        return out
+
+    def _output(self, seq: Sequence, num_new: int, final: bool) -> RequestOutput:
+        detok = self.detokenizers[seq.request_id]
+        new_text = detok.release(final)
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, token_ids=seq.output_token_ids,
+            text=detok.text[:detok.released], num_new_tokens=num_new, new_text=new_text, finished=final,
+            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            num_cached_tokens=seq.num_cached_tokens)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Offline convenience: runs prompts to completion and returns their final outputs in order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(rid, prompt, p)
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[rid] for rid in ids]

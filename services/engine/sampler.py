@@ -1,0 +1,104 @@
+"""Turns one step's logits into next tokens: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
+
+Rows are handled in groups so that common batches (all greedy, no penalties) cost one argmax. Random draws use
+the exponential-race form (argmax of p / E, E ~ Exp(1)), which lets a seeded request draw from its own
+generator and reproduce its output whatever else shares the batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from baton.services.engine.outputs import TokenLogprobs
+from baton.services.engine.sequence import Sequence
+
+
+def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    vocab = logits.shape[1]
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        if not p.has_penalties:
+            continue
+        if p.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+            seen[torch.tensor(seq.token_ids, device=logits.device)] = True
+            values = logits[row]
+            penalized = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+            logits[row] = torch.where(seen, penalized, values)
+        if p.frequency_penalty or p.presence_penalty:
+            out = seq.output_token_ids
+            if out:
+                counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=vocab).to(logits.dtype)
+                logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _block_early_stop(logits: torch.Tensor, seqs: list[Sequence], eos_ids: frozenset[int]) -> None:
+    """min_tokens: the stop tokens cannot be drawn until enough tokens exist."""
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        if seq.num_output_tokens < p.min_tokens:
+            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_ids)
+            if banned:
+                logits[row, list(banned)] = float("-inf")
+
+
+def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p, returning probabilities."""
+    temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype, device=logits.device)
+    logits = logits / temps.unsqueeze(1)
+    top_ks = [s.params.top_k for s in seqs]
+    if any(k > 0 for k in top_ks):
+        vocab = logits.shape[1]
+        k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_ks], device=logits.device)
+        kth = logits.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    top_ps = torch.tensor([s.params.top_p for s in seqs], dtype=logits.dtype, device=logits.device)
+    if bool((top_ps < 1.0).any()):
+        sorted_logits, order = logits.sort(dim=1, descending=True)
+        cumulative = sorted_logits.softmax(dim=1).cumsum(dim=1)
+        # Drop a token when the mass strictly before it already reaches top_p; the best token always stays.
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=1)) >= top_ps.unsqueeze(1)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=1)
+    min_ps = torch.tensor([s.params.min_p for s in seqs], dtype=logits.dtype, device=logits.device)
+    if bool((min_ps > 0).any()):
+        threshold = probs.max(dim=1, keepdim=True).values * min_ps.unsqueeze(1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def _draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    for row, seq in enumerate(seqs):
+        noise[row].exponential_(generator=seq.generator or generator)
+    return (probs / noise).argmax(dim=1)
+
+
+def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
+    token = int(chosen)
+    value = raw[token]
+    top = raw.topk(k) if k > 0 else None
+    return TokenLogprobs(token_id=token, logprob=float(value), rank=int((raw > value).sum()) + 1,
+                         top={} if top is None else dict(zip(top.indices.tolist(), top.values.tolist())))
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator,
+           eos_ids: frozenset[int]) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row logprobs."""
+    want_logprobs = [s.params.logprobs is not None for s in seqs]
+    # Logprobs describe the model's own distribution, before penalties and filters (vLLM's default).
+    raw = logits.log_softmax(dim=1) if any(want_logprobs) else None
+    _apply_penalties(logits, seqs)
+    _block_early_stop(logits, seqs, eos_ids)
+    chosen = logits.argmax(dim=1)
+    random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if random_rows:
+        rows = torch.tensor(random_rows, device=logits.device)
+        subset = [seqs[i] for i in random_rows]
+        chosen[rows] = _draw(_filter(logits[rows], subset), subset, generator)
+    tokens = chosen.tolist()
+    logprobs = [
+        _logprobs(raw[i], chosen[i], seqs[i].params.logprobs) if want else None
+        for i, want in enumerate(want_logprobs)
+    ]
+    return tokens, logprobs

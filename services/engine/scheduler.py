@@ -1,0 +1,125 @@
+"""Iteration-level continuous batching under one token budget per step.
+
+Each step first advances running sequences (decodes and unfinished prefill chunks), preempting by recompute
+when blocks run out, then admits waiting sequences, highest priority first and FCFS within a priority.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from baton.services.engine.block_manager import BlockManager
+from baton.services.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the end of the known tokens, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerStats:
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    preemptions: int = 0
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int,
+                 enable_chunked_prefill: bool = True) -> None:
+        self.blocks = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
+        self.running: list[Sequence] = []
+        self.stats = SchedulerStats()
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        bisect.insort(self.waiting, seq, key=Sequence.sort_key)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Takes a sequence out of the queues (finished or aborted) and frees its blocks."""
+        if seq.status == Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == Status.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted = self._schedule_running(scheduled, budget)
+        budget -= sum(s.num_tokens for s in scheduled)
+        if not preempted:
+            self._schedule_waiting(scheduled, budget)
+        return scheduled
+
+    def _schedule_running(self, scheduled: list[ScheduledSeq], budget: int) -> bool:
+        """Serves running sequences best-first; victims come from the tail, which this step has not reached."""
+        self.running.sort(key=Sequence.sort_key)
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.can_grow(seq, seq.num_computed_tokens + n) and seq.status == Status.RUNNING:
+                self._preempt(self.running[-1])
+                preempted = True
+            if seq.status != Status.RUNNING:
+                break
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+        return preempted
+
+    def _schedule_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.blocks.cached_prefix(seq)
+            remaining = seq.num_tokens - len(hits) * self.blocks.block_size
+            n = min(remaining, budget)
+            if n < remaining and not self.enable_chunked_prefill:
+                break
+            if not self.blocks.can_admit(hits, len(hits) * self.blocks.block_size + n):
+                break
+            self.waiting.pop(0)
+            if seq.num_preemptions == 0:
+                self.stats.prefix_cache_queries += seq.num_prompt_tokens
+                self.stats.prefix_cache_hits += len(hits) * self.blocks.block_size
+                seq.num_cached_tokens = len(hits) * self.blocks.block_size
+            self.blocks.admit(seq, hits)
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute: drop the KV (cached blocks stay hittable) and requeue."""
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.add(seq)
+
+    def finish_step(self, scheduled: list[ScheduledSeq]) -> None:
+        """Advances computed-token counts after the model ran and registers newly full blocks."""
+        for item in scheduled:
+            seq = item.seq
+            old = seq.num_computed_tokens
+            seq.num_computed_tokens += item.num_tokens
+            self.blocks.cache_full_blocks(seq, old)

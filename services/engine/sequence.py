@@ -1,0 +1,78 @@
+"""A request's state inside the engine."""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from baton.services.engine.block_hash import block_hashes
+from baton.services.engine.outputs import TokenLogprobs
+from baton.services.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Prompt plus generated tokens; the scheduler advances `num_computed_tokens` through them chunk by chunk."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                 priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)  # prompt + output
+        self.params = params
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens that came from the prefix cache on first admission
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # keys of this sequence's full blocks, computed lazily
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        # Set by the detokenizer.
+        self.text = ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def full_block_hashes(self, block_size: int, model_id: str) -> list[int]:
+        """Keys of every full block of token_ids, extending the memoized chain as the sequence grows."""
+        have = len(self.block_hashes)
+        if have < self.num_tokens // block_size:
+            parent = self.block_hashes[-1] if have else None
+            self.block_hashes += block_hashes(self.token_ids, block_size, model_id, self.cache_salt,
+                                              start=have, parent=parent)
+        return self.block_hashes
+
+    def sort_key(self) -> tuple[int, float]:
+        """Higher priority first, then first come first served."""
+        return (-self.priority, self.arrival_time)
