@@ -30,6 +30,7 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor  # [P] int32
     decode_block_tables: torch.Tensor  # [D, max_blocks] int32
     decode_context_lens: torch.Tensor  # [D] int32
+    torch_plan: "TorchPlan | None" = None  # filled for the torch path only
 
 
 class Attention:
@@ -67,16 +68,17 @@ class Attention:
 
     def _torch(self, cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
-        blocks, offsets = meta.slot_mapping // self.block_size, meta.slot_mapping % self.block_size
-        cache[blocks, 0, offsets] = k
-        cache[blocks, 1, offsets] = v
+        plan = meta.torch_plan
+        rows = cache.view(-1, *cache.shape[-2:])  # [blocks * 2 * block_size, H, D]
+        rows.index_copy_(0, plan.k_rows, k)
+        rows.index_copy_(0, plan.k_rows + self.block_size, v)
         out = torch.empty_like(q)
         for span in meta.prefill_spans:
-            rows = slice(span.query_start, span.query_start + span.query_len)
-            out[rows] = self._prefill_torch(cache, q[rows], k[rows], v[rows], span)
+            sl = slice(span.query_start, span.query_start + span.query_len)
+            out[sl] = self._prefill_torch(cache, q[sl], k[sl], v[sl], span)
         p = meta.num_prefill_tokens
-        if q.shape[0] > p:
-            out[p:] = self._decode_torch(cache, q[p:], meta.decode_block_tables, meta.decode_context_lens)
+        for group in plan.decode_groups:
+            out[p + group.rows] = self._decode_group(cache, q[p + group.rows], group)
         return out
 
     def _prefill_torch(self, cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -87,21 +89,60 @@ class Attention:
             kh, vh = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
             out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale, enable_gqa=True)
             return out.squeeze(0).transpose(0, 1)
-        kv = cache[span.block_ids].transpose(0, 1).flatten(1, 2)[:, :span.context_len]  # [2, ctx, H, D]
-        kh, vh = kv[0].transpose(0, 1).unsqueeze(0), kv[1].transpose(0, 1).unsqueeze(0)
+        blocks = torch.tensor(span.block_ids, dtype=torch.int64)
+        kh = cache[:, 0].index_select(0, blocks).flatten(0, 1)[:span.context_len].transpose(0, 1).unsqueeze(0)
+        vh = cache[:, 1].index_select(0, blocks).flatten(0, 1)[:span.context_len].transpose(0, 1).unsqueeze(0)
         first = span.context_len - span.query_len
         q_pos = torch.arange(first, span.context_len).unsqueeze(1)
         mask = torch.arange(span.context_len).unsqueeze(0) <= q_pos
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale, enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)
 
-    def _decode_torch(self, cache: torch.Tensor, q: torch.Tensor, block_tables: torch.Tensor,
-                      context_lens: torch.Tensor) -> torch.Tensor:
-        d, max_blocks = block_tables.shape
-        kv = cache[block_tables.long()]  # [D, max_blocks, 2, B, H, Dh]
-        kv = kv.transpose(1, 2).flatten(2, 3)  # [D, 2, S, H, Dh]
-        kh, vh = kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2)  # [D, H, S, Dh]
-        mask = torch.arange(kh.shape[2]).unsqueeze(0) < context_lens.unsqueeze(1)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=mask[:, None, None, :],
-                                             scale=self.scale, enable_gqa=True)
+    def _decode_group(self, cache: torch.Tensor, q: torch.Tensor, group: "DecodeGroup") -> torch.Tensor:
+        """One gather per group of similar-length sequences, sized to stay in cache for the SDPA that follows."""
+        n = group.rows.shape[0]
+        kh = cache[:, 0].index_select(0, group.blocks).view(n, -1, *cache.shape[-2:]).transpose(1, 2)
+        vh = cache[:, 1].index_select(0, group.blocks).view(n, -1, *cache.shape[-2:]).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=group.mask, scale=self.scale,
+                                             enable_gqa=True)
         return out.squeeze(2)
+
+
+@dataclass
+class DecodeGroup:
+    rows: torch.Tensor  # decode rows (relative to the first decode token) in this group
+    blocks: torch.Tensor  # [rows * max_blocks] block ids, padded with block 0
+    mask: torch.Tensor | None  # [rows, 1, 1, max_blocks * block_size], True where attended
+
+
+@dataclass
+class TorchPlan:
+    k_rows: torch.Tensor  # row of each new token's K in the cache viewed as [blocks * 2 * block_size, H, D]
+    decode_groups: list[DecodeGroup]
+
+
+# Bytes of gathered K+V per decode group: small enough to stay in a CPU's cache between gather and attention.
+DECODE_GROUP_BYTES = 8 << 20
+
+
+def plan_torch(slot_mapping: torch.Tensor, decode_tables: list[list[int]], decode_lens: list[int],
+               block_size: int, block_bytes: int) -> TorchPlan:
+    """Per-step work for the torch path, shared by all layers."""
+    k_rows = slot_mapping + (slot_mapping // block_size) * block_size
+    order = sorted(range(len(decode_lens)), key=decode_lens.__getitem__)
+    groups, i = [], 0
+    while i < len(order):
+        width = len(decode_tables[order[i]])
+        j = i + 1
+        while j < len(order) and (j - i + 1) * len(decode_tables[order[j]]) * block_bytes <= DECODE_GROUP_BYTES:
+            width = len(decode_tables[order[j]])
+            j += 1
+        members = order[i:j]
+        blocks = [b for r in members for b in decode_tables[r] + [0] * (width - len(decode_tables[r]))]
+        lens = torch.tensor([decode_lens[r] for r in members])
+        mask = None
+        if any(decode_lens[r] != width * block_size for r in members):
+            mask = (torch.arange(width * block_size).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+        groups.append(DecodeGroup(torch.tensor(members), torch.tensor(blocks, dtype=torch.int64), mask))
+        i = j
+    return TorchPlan(k_rows, groups)

@@ -7,7 +7,7 @@ import torch
 from transformers import PretrainedConfig
 
 from baton.services.engine import kv_cache
-from baton.services.engine.attention import Attention, AttentionMetadata, PrefillSpan
+from baton.services.engine.attention import Attention, AttentionMetadata, PrefillSpan, plan_torch
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.models.loader import head_dim, load_model
 from baton.services.engine.scheduler import ScheduledSeq
@@ -31,6 +31,7 @@ class ModelRunner:
         self.model = load_model(model_dir, config, self.attention, dtype, device, max_model_len)
         self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device)
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size, dtype, device)
+        self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype) // config.num_hidden_layers
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
@@ -62,8 +63,9 @@ class ModelRunner:
                 decode_tables.append(blocks)
                 decode_lens.append(first + 1)
         dev = self.device
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=dev)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            slot_mapping=slot_mapping,
             num_prefill_tokens=sum(s.query_len for s in spans),
             prefill_spans=spans,
             prefill_block_tables=_pad([s.block_ids for s in spans]).to(dev),
@@ -73,5 +75,7 @@ class ModelRunner:
             decode_block_tables=_pad(decode_tables).to(dev),
             decode_context_lens=torch.tensor(decode_lens, dtype=torch.int32, device=dev),
         )
+        if self.attention.backend == "torch":
+            meta.torch_plan = plan_torch(slot_mapping, decode_tables, decode_lens, bs, self.block_bytes)
         return (torch.tensor(ids, dtype=torch.int64, device=dev),
                 torch.tensor(positions, dtype=torch.int64, device=dev), meta)

@@ -1,0 +1,87 @@
+"""Plain torch versions of the kernels: the tests' ground truth and the engine's CPU path.
+
+They compute in at least fp32 (and in fp64 for fp64 inputs) and return the query dtype.
+"""
+import torch
+
+
+def write_kv_cache_ref(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write key/value [T, Hkv, D] into kv_cache [N, 2, B, Hkv, D] at slot_mapping [T]; slot -1 skips a token."""
+    block_size = kv_cache.shape[2]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    blocks, offsets = slots // block_size, slots % block_size
+    kv_cache[blocks, 0, offsets] = key[keep].to(kv_cache.dtype)
+    kv_cache[blocks, 1, offsets] = value[keep].to(kv_cache.dtype)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V for block ids [..., nb] as [..., nb * B, Hkv, D]."""
+    kv = kv_cache[blocks.long()].to(dtype)  # [..., nb, 2, B, Hkv, D]
+    k, v = kv.select(-4, 0), kv.select(-4, 1)
+    return k.flatten(-4, -3), v.flatten(-4, -3)
+
+
+def paged_decode_attention_ref(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attend query [S, Hq, D] (one token per sequence) to the first context_lens[s] cached tokens."""
+    num_seqs, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    dtype = _compute_dtype(query.dtype)
+    max_len = int(context_lens.max()) if num_seqs else 0
+    num_blocks = -(-max_len // block_size)
+    # Table entries past a sequence's own blocks may be stale or padding: point them at block 0.
+    cols = torch.arange(num_blocks, device=query.device)
+    used = cols[None, :] * block_size < context_lens[:, None]
+    blocks = torch.where(used, block_tables[:, :num_blocks], 0)
+    k, v = _gather(kv_cache, blocks, dtype)  # [S, L, Hkv, D]
+    q = query.to(dtype).reshape(num_seqs, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale
+    visible = torch.arange(k.shape[1], device=query.device)[None, :] < context_lens[:, None]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    # An empty context (a padded batch slot) yields zeros rather than NaN, as in the kernel.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = torch.einsum("skgl,slkd->skgd", probs, v)
+    return out.reshape(query.shape).to(query.dtype)
+
+
+def paged_prefill_attention_ref(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention for query [T, Hq, D]: sequence s owns rows query_start_loc[s]:[s+1],
+    which are the last tokens of its first context_lens[s] cached tokens."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_q_heads // num_kv_heads
+    dtype = _compute_dtype(query.dtype)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    for s, ctx_len in enumerate(lens):
+        lo, hi = starts[s], starts[s + 1]
+        if hi == lo:
+            continue
+        k, v = _gather(kv_cache, block_tables[s, : -(-ctx_len // block_size)], dtype)
+        k, v = k[:ctx_len], v[:ctx_len]  # [L, Hkv, D]
+        q = query[lo:hi].to(dtype).reshape(hi - lo, num_kv_heads, group, head_dim)
+        scores = torch.einsum("qkgd,lkd->kgql", q, k) * scale
+        pos = torch.arange(ctx_len - (hi - lo), ctx_len, device=query.device)
+        causal = torch.arange(ctx_len, device=query.device)[None, :] <= pos[:, None]
+        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        out[lo:hi] = torch.einsum("kgql,lkd->qkgd", probs, v).reshape(hi - lo, num_q_heads, head_dim).to(query.dtype)
+    return out

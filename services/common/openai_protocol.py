@@ -1,0 +1,385 @@
+"""OpenAI /v1/completions and /v1/chat/completions: request models, engine inputs and response bodies.
+
+Shared by `baton run-batch` and the HTTP gateway. Defaults and meanings follow vLLM's OpenAI server. A field
+Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for tools or a JSON
+schema must learn it did not get them.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Literal
+
+from jinja2 import TemplateError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from transformers import PreTrainedTokenizerBase
+
+from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.engine.sampling_params import SamplingParams
+
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+# vLLM's completions default (OpenAI's too); chat fills the context instead.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+# OpenAI's JSON stand-in for -inf.
+MIN_LOGPROB = -9999.0
+
+
+class ProtocolError(ValueError):
+    """A request the server refuses, carrying what the OpenAI error body needs."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value",
+                 status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def _off(*values: Any) -> Callable[[Any, dict], bool]:
+    """Accepts an unsupported field only at a value that asks for nothing (as clients often send defaults)."""
+    return lambda value, body: value in values
+
+
+# Known OpenAI/vLLM fields Baton does not implement -> when a value is still acceptable.
+_UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
+    "best_of": lambda value, body: value == body.get("n", 1),
+    "logit_bias": _off({}), "echo": _off(False), "response_format": _off({"type": "text"}),
+    "use_beam_search": _off(False), "length_penalty": _off(1.0), "prompt_logprobs": _off(),
+    "allowed_token_ids": _off(), "bad_words": _off([]), "logits_processors": _off(),
+    "truncate_prompt_tokens": _off(), "spaces_between_special_tokens": _off(True),
+    "return_tokens_as_token_ids": _off(False), "guided_json": _off(), "guided_regex": _off(),
+    "guided_choice": _off(), "guided_grammar": _off(), "guided_decoding_backend": _off(),
+    "guided_whitespace_pattern": _off(), "structural_tag": _off(), "structured_outputs": _off(),
+    "kv_transfer_params": _off(), "vllm_xargs": _off(), "request_id": _off(), "metadata": _off({}),
+    "store": _off(False), "service_tier": _off("auto", "default"),
+}
+_UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
+_UNSUPPORTED_CHAT = {
+    **_UNSUPPORTED_COMMON, "tools": _off([]), "tool_choice": _off("none"), "functions": _off([]),
+    "function_call": _off("none"), "parallel_tool_calls": _off(), "audio": _off(), "modalities": _off(["text"]),
+    "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
+    "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
+    "continue_final_message": _off(False), "add_generation_prompt": _off(True),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = True  # vLLM's default once stream_options is given
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any, dict], bool]]] = _UNSUPPORTED_COMMON
+    PROMPT_FIELD: ClassVar[str] = "prompt"
+
+    model: str | None = None
+    n: int = Field(1, ge=1)
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: str | list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    user: str | None = None  # accepted for compatibility; nothing keys on it
+    return_token_ids: bool = False
+    priority: int = 0  # vLLM's meaning: lower is served earlier
+    cache_salt: str | None = Field(None, min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @classmethod
+    def parse(cls, body: Any) -> _Request:
+        """Validates a JSON body; raises ProtocolError naming the offending field."""
+        if not isinstance(body, dict):
+            raise ProtocolError("the request body must be a JSON object", param="body")
+        # null means "default" for every field, as in vLLM.
+        body = {k: v for k, v in body.items() if v is not None}
+        for key in [k for k in body if k not in cls.model_fields]:
+            accept = cls.UNSUPPORTED.get(key)
+            if accept is None:
+                raise ProtocolError(f"unknown field `{key}`", param=key, code="unknown_parameter")
+            if not accept(body[key], body):
+                shown = repr(body[key]) if len(repr(body[key])) <= 40 else repr(body[key])[:37] + "..."
+                raise ProtocolError(f"`{key}` is not supported by this server (got {shown}); omit it",
+                                    param=key, code="unsupported_parameter")
+            del body[key]
+        try:
+            request = cls.model_validate(body)
+        except ValidationError as e:
+            raise _from_validation_error(e) from None
+        request._check()
+        return request
+
+    def _check(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise ProtocolError("stream_options can only be set when stream is true", param="stream_options")
+
+    def requested_max_tokens(self) -> tuple[str, int | None]:
+        """The field that limits the output, and its value (None: fill the context)."""
+        return "max_tokens", self.max_tokens
+
+
+def _one_prompt(value: Any) -> Any:
+    """One prompt: a string or token ids, possibly wrapped in a list of one (vLLM's batched form)."""
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        if len(value) > 1:
+            raise ValueError(f"a list of {len(value)} prompts is not supported; send one prompt per request")
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return value
+    raise ValueError("must be a string or a list of token ids")
+
+
+class CompletionRequest(_Request):
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any, dict], bool]]] = _UNSUPPORTED_COMPLETION
+
+    prompt: str | list[int]
+    max_tokens: int | None = COMPLETION_DEFAULT_MAX_TOKENS
+    logprobs: int | None = Field(None, ge=0)
+    add_special_tokens: bool = True
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _single_prompt(cls, value: Any) -> Any:
+        return _one_prompt(value)
+
+    def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        if isinstance(self.prompt, list):
+            return list(self.prompt)
+        return tokenizer.encode(self.prompt, add_special_tokens=self.add_special_tokens)
+
+    def logprobs_k(self) -> tuple[str, int | None]:
+        """The field that asks for logprobs, and how many top alternatives per token (None: no logprobs)."""
+        return "logprobs", self.logprobs
+
+    def choice(self, out: RequestOutput, index: int, text_of: _TokenText) -> dict[str, Any]:
+        logprobs = None if out.logprobs is None else _completion_logprobs(out.logprobs, text_of)
+        choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
+                  "stop_reason": out.stop_reason}
+        if self.return_token_ids:
+            choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
+        return choice
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                raise ValueError(f"content part of type {kind!r} is not supported; only "
+                                 '{"type": "text", "text": ...} parts are')
+        # vLLM's rendering for templates that take string content, which every template accepts.
+        return "\n".join(part["text"] for part in value)
+
+
+class ChatCompletionRequest(_Request):
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any, dict], bool]]] = _UNSUPPORTED_CHAT
+    PROMPT_FIELD: ClassVar[str] = "messages"
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+    # The template adds BOS and friends itself; adding them again would double them (vLLM's default).
+    add_special_tokens: bool = False
+
+    def _check(self) -> None:
+        super()._check()
+        if self.top_logprobs and not self.logprobs:
+            raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
+
+    def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        if tokenizer.chat_template is None:
+            raise ProtocolError("this model has no chat template; use /v1/completions", param="messages")
+        messages = [m.model_dump(exclude_none=True) for m in self.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as e:  # templates reject what they cannot render, e.g. roles that do not alternate
+            raise ProtocolError(f"messages: the chat template refused them: {e}", param="messages") from None
+        return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+
+    def requested_max_tokens(self) -> tuple[str, int | None]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+    def logprobs_k(self) -> tuple[str, int | None]:
+        return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
+
+    def choice(self, out: RequestOutput, index: int, text_of: _TokenText) -> dict[str, Any]:
+        logprobs = None if out.logprobs is None else {"content": [_chat_logprob(lp, text_of) for lp in out.logprobs]}
+        choice = {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": logprobs,
+                  "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        if self.return_token_ids:
+            choice["token_ids"] = out.token_ids
+        return choice
+
+
+OpenAIRequest = CompletionRequest | ChatCompletionRequest
+ENDPOINTS: dict[str, type[_Request]] = {"/v1/completions": CompletionRequest,
+                                        "/v1/chat/completions": ChatCompletionRequest}
+
+
+def parse_request(url: str, body: Any) -> OpenAIRequest:
+    """The request model for an endpoint path, validated; raises ProtocolError."""
+    cls = ENDPOINTS.get(url)
+    if cls is None:
+        raise ProtocolError(f"unsupported url {url!r}; expected one of {sorted(ENDPOINTS)}", param="url",
+                            code="invalid_url")
+    return cls.parse(body)
+
+
+def _from_validation_error(error: ValidationError) -> ProtocolError:
+    first = error.errors()[0]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".") or None
+    if first["type"] == "extra_forbidden":
+        message = f"unknown or unsupported field `{param}`"
+    else:
+        detail = first["msg"].removeprefix("Value error, ")
+        message = f"{param}: {detail}" if param else detail
+    return ProtocolError(message, param=param)
+
+
+@dataclass
+class EngineInput:
+    """What the engine needs for one API request: the i-th of its n samples runs params.for_choice(i)."""
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    n: int
+    priority: int  # in the engine's convention: higher is served earlier
+    cache_salt: str | None
+
+
+def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, max_model_len: int,
+                    max_logprobs: int = 20) -> EngineInput:
+    """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or oversized input."""
+    prompt = request.prompt_token_ids(tokenizer)
+    if not prompt:
+        raise ProtocolError(f"{request.PROMPT_FIELD} must not be empty", param=request.PROMPT_FIELD)
+    max_tokens = _max_tokens(request, len(prompt), max_model_len)
+    logprobs_field, logprobs = request.logprobs_k()
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+        min_p=request.min_p, seed=request.seed, repetition_penalty=request.repetition_penalty,
+        frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
+        stop=request.stop, stop_token_ids=request.stop_token_ids,
+        include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens)
+    try:
+        params.validate(max_logprobs)
+    except ValueError as e:
+        # validate() starts its message with the SamplingParams field; report the API field it came from.
+        field, _, detail = str(e).partition(" ")
+        param = {"logprobs": logprobs_field, "max_tokens": request.requested_max_tokens()[0]}.get(field, field)
+        raise ProtocolError(f"{param} {detail}", param=param) from None
+    return EngineInput(prompt, params, request.n, -request.priority, request.cache_salt)
+
+
+def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> int:
+    if prompt_len >= max_model_len:
+        raise ProtocolError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input.",
+            param=request.PROMPT_FIELD, code="context_length_exceeded")
+    field, requested = request.requested_max_tokens()
+    if requested is None:
+        return max_model_len - prompt_len
+    if prompt_len + requested > max_model_len:
+        raise ProtocolError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the input, {requested} in the completion). "
+            f"Please reduce the length of the input or of the completion.",
+            param=field, code="context_length_exceeded")
+    return requested
+
+
+class _TokenText:
+    """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        if token_id not in self.cache:
+            self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.cache[token_id]
+
+
+def _clamp(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+def _completion_logprobs(logprobs: list[TokenLogprobs], text_of: _TokenText) -> dict[str, list]:
+    tokens, values, tops, offsets, offset = [], [], [], [], 0
+    for lp in logprobs:
+        token = text_of(lp.token_id)
+        tokens.append(token)
+        values.append(_clamp(lp.logprob))
+        offsets.append(offset)
+        offset += len(token)
+        # OpenAI's completions list the top k plus the chosen token when it is not among them.
+        top = {text_of(t): _clamp(v) for t, v in lp.top.items()}
+        top.setdefault(token, _clamp(lp.logprob))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8"))}
+
+
+def _chat_logprob(lp: TokenLogprobs, text_of: _TokenText) -> dict[str, Any]:
+    entry = _chat_entry(text_of(lp.token_id), lp.logprob)
+    entry["top_logprobs"] = [_chat_entry(text_of(t), v) for t, v in lp.top.items()]
+    return entry
+
+
+def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokenizer: PreTrainedTokenizerBase,
+                   model: str, response_id: str | None = None) -> dict[str, Any]:
+    """The response body for a finished request; outputs are its n choices in order."""
+    chat = isinstance(request, ChatCompletionRequest)
+    text_of = _TokenText(tokenizer)
+    prompt_tokens = len(outputs[0].prompt_token_ids)
+    completion_tokens = sum(len(out.token_ids) for out in outputs)
+    body: dict[str, Any] = {
+        "id": response_id or new_response_id(request),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [request.choice(out, i, text_of) for i, out in enumerate(outputs)],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+    if chat and request.return_token_ids:
+        body["prompt_token_ids"] = outputs[0].prompt_token_ids
+    return body
+
+
+def new_response_id(request: OpenAIRequest) -> str:
+    prefix = "chatcmpl" if isinstance(request, ChatCompletionRequest) else "cmpl"
+    return f"{prefix}-{uuid.uuid4().hex}"

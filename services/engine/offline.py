@@ -1,0 +1,66 @@
+"""Offline serving of OpenAI-shaped requests: all of them go to one engine at once and run to completion together,
+so continuous batching packs them; a request with n > 1 is n engine requests."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, build_response, new_response_id,
+                                                   parse_request, to_engine_input)
+from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Submitted:
+    request: OpenAIRequest
+    response_id: str
+    engine_ids: list[str]
+    outputs: dict[str, RequestOutput] = field(default_factory=dict)
+
+
+def _submit(engine: LLMEngine, url: str, body: Any) -> _Submitted:
+    request = parse_request(url, body)
+    if request.stream:
+        raise ProtocolError("stream=true is not supported for offline (batch) requests", param="stream")
+    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len, engine.config.max_logprobs)
+    response_id = new_response_id(request)
+    engine_ids = [f"{response_id}-{i}" for i in range(inp.n)]
+    try:
+        for i, engine_id in enumerate(engine_ids):
+            engine.add_request(engine_id, inp.prompt_token_ids, inp.params.for_choice(i), priority=inp.priority,
+                               cache_salt=inp.cache_salt)
+    except ValueError as e:
+        # The engine refuses what it can never serve (e.g. more KV than it holds); drop the choices already in.
+        for engine_id in engine_ids:
+            engine.abort_request(engine_id)
+        raise ProtocolError(str(e)) from None
+    return _Submitted(request, response_id, engine_ids)
+
+
+def run_requests(engine: LLMEngine, requests: list[tuple[str, Any]]) -> list[dict[str, Any] | ProtocolError]:
+    """Serves (url, body) pairs; each result is a response body or the ProtocolError that refused it, in order."""
+    results: list[dict[str, Any] | ProtocolError | _Submitted] = []
+    by_engine_id: dict[str, _Submitted] = {}
+    for url, body in requests:
+        try:
+            submitted = _submit(engine, url, body)
+        except ProtocolError as e:
+            results.append(e)
+            continue
+        results.append(submitted)
+        by_engine_id.update(dict.fromkeys(submitted.engine_ids, submitted))
+    log.info("running %d engine requests for %d API requests", len(by_engine_id), len(requests))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                by_engine_id[out.request_id].outputs[out.request_id] = out
+    return [_response(engine, r) if isinstance(r, _Submitted) else r for r in results]
+
+
+def _response(engine: LLMEngine, submitted: _Submitted) -> dict[str, Any]:
+    outputs = [submitted.outputs[engine_id] for engine_id in submitted.engine_ids]
+    return build_response(submitted.request, outputs, engine.tokenizer, engine.model_id, submitted.response_id)

@@ -1,0 +1,24 @@
+"""Fixtures shared across the test suite."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Triton kernels run on CPU tensors only in interpreter mode, which must be chosen before anything imports
+# triton (transformers does, through torch._dynamo).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path
+
+import pytest
+
+from baton.services.engine.tiny_model import ARCHS, TinyModelSpec, make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny random checkpoint per supported arch (seed 0), made once per test session."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {arch: make_tiny_model(root / arch, TinyModelSpec.preset(arch)) for arch in ARCHS}
