@@ -2,16 +2,24 @@
 
 Free blocks sit in one LRU queue. Blocks without a hash go to its front (reused first); freed cached blocks go
 to its back and stay hittable until allocation reaches and evicts them.
+
+With `record_events`, every block that becomes hittable or stops being so is logged in `events` (drained by the
+worker, which publishes them so the router's prefix index mirrors this cache).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Literal
 
 from baton.services.engine.sequence import Sequence
 
 
+BlockEvent = tuple[Literal["stored", "removed"], int]  # (what happened, block hash)
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, model_id: str, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, model_id: str, enable_prefix_caching: bool = True,
+                 record_events: bool = False) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.model_id = model_id
@@ -20,6 +28,8 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.record_events = record_events
+        self.events: list[BlockEvent] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -32,13 +42,14 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids holding seq's longest cached prefix. The last token is always left to compute: the
-        model must run on at least one token to produce logits, and a shared block must never be rewritten."""
+    def cached_prefix(self, seq: Sequence, keep_last: bool = True) -> list[int]:
+        """Block ids holding seq's longest cached prefix. With keep_last, the last token is left to compute: the
+        model must run on at least one token to produce logits, and a shared block must never be rewritten.
+        A hand-off's receiver computes nothing and passes keep_last=False."""
         if not self.enable_prefix_caching:
             return []
         hashes = seq.full_block_hashes(self.block_size, self.model_id)
-        limit = (seq.num_tokens - 1) // self.block_size
+        limit = (seq.num_tokens - int(keep_last)) // self.block_size
         hits = []
         for h in hashes[:limit]:
             block = self.cached.get(h)
@@ -75,6 +86,8 @@ class BlockManager:
         if old_hash is not None:
             del self.cached[old_hash]
             self.block_hash[block] = None
+            if self.record_events:
+                self.events.append(("removed", old_hash))
         self.ref_counts[block] = 1
         return block
 
@@ -91,6 +104,8 @@ class BlockManager:
             if self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
+                if self.record_events:
+                    self.events.append(("stored", h))
 
     def free(self, seq: Sequence) -> None:
         """Releases seq's blocks; the tail goes back first so that cached heads outlive their tails."""

@@ -29,5 +29,7 @@ class EngineConfig(BatonSettings):
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Attention kernels: Triton on GPU, torch on CPU when auto")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs for decode steps")
+    num_threads: int | None = Field(
+        None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.models.loader import load_config, sliding_window
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampler import sample
+from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.sampling_params import SamplingParams
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
@@ -31,6 +32,7 @@ class EngineCounters:
     generation_tokens: int = 0
     steps: int = 0
     requests_finished: int = 0
+    recent_step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=32))
 
 
 def _resolve(config: EngineConfig, checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
@@ -64,6 +66,8 @@ class LLMEngine:
             from baton.services.engine.tiny_model import embedded_model_path
             config = config.model_copy(update={"model": str(embedded_model_path())})
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.model_dir = Path(config.model)
         self.model_config = load_config(self.model_dir)
         self.model_id = config.served_model_name or self.model_dir.name
@@ -81,6 +85,10 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.seqs: dict[str, Sequence] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        # The two ends of a KV hand-off: finished prompts whose blocks a decode worker may still pull (prefill
+        # side), and requests whose blocks are reserved while their KV arrives (decode side).
+        self.held: dict[str, Sequence] = {}
+        self.reserved: dict[str, Sequence] = {}
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -96,25 +104,83 @@ class LLMEngine:
         return limit
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                    priority: int = 0, cache_salt: str | None = None) -> None:
-        """Queues a request. Raises ValueError with a client-facing message when it can never be served."""
-        if request_id in self.seqs:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        params.validate(self.config.max_logprobs)
-        self._check_prompt(prompt_token_ids, params)
-        seq = Sequence(request_id, prompt_token_ids, params, priority=priority, cache_salt=cache_salt)
-        self.seqs[request_id] = seq
-        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer.backend_tokenizer,
-                                                               seq.prompt_token_ids, params)
+                    priority: int = 0, cache_salt: str | None = None, output_token_ids: list[int] | None = None,
+                    hold_kv: bool = False) -> None:
+        """Queues a request. Raises ValueError with a client-facing message when it can never be served.
+
+        output_token_ids: tokens already generated (and streamed) elsewhere; generation continues after them.
+        hold_kv: keep the blocks once finished, until release_kv (the prefill side of a hand-off)."""
+        seq = self._new_sequence(request_id, prompt_token_ids, params, priority, cache_salt, output_token_ids)
+        seq.hold_kv = hold_kv
         self.scheduler.add(seq)
 
-    def _check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
+    def _new_sequence(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+                      cache_salt: str | None, output_token_ids: list[int] | None = None) -> Sequence:
+        if request_id in self.seqs or request_id in self.held:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        params.validate(self.config.max_logprobs)
+        outputs = list(output_token_ids or ())
+        if len(outputs) >= params.max_tokens:
+            raise ValueError(f"the request already has {len(outputs)} output tokens of max_tokens "
+                             f"{params.max_tokens}")
+        self._check_prompt(prompt + outputs, params, len(outputs))
+        seq = Sequence(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                       output_token_ids=outputs)
+        skip_draws(seq, self.model_config.vocab_size, len(outputs))
+        detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.token_ids, params)
+        self.seqs[request_id], self.detokenizers[request_id] = seq, detok
+        return seq
+
+    def reserve_prefilled(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                          priority: int = 0, cache_salt: str | None = None) -> tuple[list[int], int] | None:
+        """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere. Returns (block ids,
+        number of leading blocks already held by the local prefix cache, which need no transfer), or None when
+        the cache or the batch has no room now. Raises ValueError like add_request."""
+        seq = self._new_sequence(request_id, prompt_token_ids, params, priority, cache_salt)
+        hits = self.blocks.cached_prefix(seq, keep_last=False)
+        if (len(self.scheduler.running) >= self.config.max_num_seqs
+                or not self.blocks.can_admit(hits, seq.num_tokens)):
+            self._forget(seq)
+            return None
+        self.blocks.admit(seq, hits)
+        self.blocks.grow(seq, seq.num_tokens)
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.scheduler.stats.prefix_cache_queries += seq.num_prompt_tokens
+        self.scheduler.stats.prefix_cache_hits += seq.num_cached_tokens
+        self.reserved[request_id] = seq
+        return list(seq.block_ids), len(hits)
+
+    def commit_prefilled(self, request_id: str, first_token: int,
+                         first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
+        """The reserved blocks now hold the prompt's KV: join the batch with the prefill worker's first token."""
+        seq = self.reserved.pop(request_id)
+        cached = seq.num_computed_tokens
+        seq.num_computed_tokens = seq.num_tokens
+        self.blocks.cache_full_blocks(seq, cached)
+        skip_draws(seq, self.model_config.vocab_size, 1)
+        self.scheduler.add_running(seq)
+        return self._append(seq, first_token, first_logprobs)
+
+    def release_kv(self, request_id: str) -> bool:
+        """Prefill side: the decode worker has its copy (or the lease ran out); the held blocks go back."""
+        seq = self.held.pop(request_id, None) or self.reserved.pop(request_id, None)
+        if seq is None:
+            return False
+        self.blocks.free(seq)
+        self.seqs.pop(request_id, None)
+        self.detokenizers.pop(request_id, None)
+        return True
+
+    def _forget(self, seq: Sequence) -> None:
+        del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
+
+    def _check_prompt(self, prompt: list[int], params: SamplingParams, num_generated: int = 0) -> None:
         if not prompt:
             raise ValueError("prompt must contain at least one token")
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        total = len(prompt) + params.max_tokens
+        total = len(prompt) + params.max_tokens - num_generated
         if total > self.max_model_len:
             raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens; the request "
                              f"asks for {total} ({len(prompt)} prompt + {params.max_tokens} to generate)")
@@ -126,6 +192,10 @@ class LLMEngine:
                              f"({self.config.max_num_batched_tokens})")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stops a request wherever it is (queued, running, awaiting its KV, or held for a pull)."""
+        if request_id in self.held or request_id in self.reserved:
+            self.release_kv(request_id)
+            return None
         seq = self.seqs.get(request_id)
         if seq is None:
             return None
@@ -140,12 +210,14 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
+        started = time.perf_counter()
         items, logits = self.runner.execute(scheduled)
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
         self.counters.prompt_tokens_computed += sum(_prompt_tokens_in(s) for s in scheduled)
         seqs = [item.seq for item in items]
         tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids)
+        self.counters.recent_step_seconds.append(time.perf_counter() - started)
         return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
 
     def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
@@ -168,9 +240,12 @@ class LLMEngine:
         return self._output(seq, num_new=1, final=False)
 
     def _finish(self, seq: Sequence, num_new: int = 0) -> RequestOutput:
-        self.scheduler.remove(seq)
+        hold = seq.hold_kv and seq.finish_reason != "abort"
+        self.scheduler.remove(seq, free_blocks=not hold)
         self.counters.requests_finished += 1
         out = self._output(seq, num_new=num_new, final=True)
+        if hold:
+            self.held[seq.request_id] = seq
         del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
         return out
 

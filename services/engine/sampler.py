@@ -74,6 +74,14 @@ def _draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator)
     return (probs / noise).argmax(dim=1)
 
 
+def skip_draws(seq: Sequence, vocab_size: int, num_tokens: int) -> None:
+    """Advances a seeded request's generator past tokens sampled elsewhere (a hand-off or a migration), so it
+    draws next what it would have drawn had it stayed on one worker: `_draw` spends one row of noise per token."""
+    if seq.generator is not None and not seq.params.greedy:
+        for _ in range(num_tokens):
+            torch.empty(vocab_size).exponential_(generator=seq.generator)
+
+
 def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
     token = int(chosen)
     value = raw[token]

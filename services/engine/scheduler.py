@@ -48,14 +48,25 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def remove(self, seq: Sequence) -> None:
-        """Takes a sequence out of the queues (finished or aborted) and frees its blocks."""
+    def add_running(self, seq: Sequence) -> None:
+        """Joins a sequence whose KV is already in place (a hand-off's receiver) straight into the batch."""
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence, free_blocks: bool = True) -> None:
+        """Takes a sequence out of the queues (finished or aborted) and, unless told not to, frees its blocks."""
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
         elif seq.status == Status.WAITING:
             self.waiting.remove(seq)
-        self.blocks.free(seq)
+        if free_blocks:
+            self.blocks.free(seq)
         seq.status = Status.FINISHED
+
+    def prefill_tokens_queued(self) -> int:
+        """Prompt tokens admitted but not yet computed: the prefill work ahead of a new request."""
+        waiting = sum(s.num_tokens - s.num_computed_tokens for s in self.waiting)
+        return waiting + sum(r for s in self.running if (r := s.num_tokens - s.num_computed_tokens) > 1)
 
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens

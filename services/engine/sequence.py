@@ -21,10 +21,14 @@ class Sequence:
     """Prompt plus generated tokens; the scheduler advances `num_computed_tokens` through them chunk by chunk."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                 priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+                 priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                 output_token_ids: list[int] | None = None, hold_kv: bool = False) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.token_ids = list(prompt_token_ids)  # prompt + output
+        # prompt + output; output may start non-empty when a request continues elsewhere (migration)
+        self.token_ids = list(prompt_token_ids) + list(output_token_ids or ())
+        # Keep the KV blocks after finishing, for a decode worker to pull (the prefill side of a hand-off).
+        self.hold_kv = hold_kv
         self.params = params
         self.priority = priority
         self.cache_salt = cache_salt

@@ -1,0 +1,153 @@
+"""`baton bench kv-transfer`: NIXL against the gRPC transport, between two processes on this machine.
+
+A child process plays the prefill worker (its cache, its NIXL agent, a gRPC server with PullKV); this process
+plays the decode worker and READs hand-offs of growing size into random local blocks from random remote blocks,
+as a paged allocator leaves them. The first read of every size is checked byte for byte (by digest against the
+child's own) and not timed; it also brings up the connection.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from baton.services.engine.bench_throughput import machine_info
+from baton.services.worker.kv_transfer import KVTransport, make_transport
+from baton.services.worker.kv_transfer.grpc_transport import byte_view
+from baton.services.worker.kv_transfer.loopback import (CacheShape, SourceProcess, SourceSpec, blocks_digest,
+                                                        free_port)
+
+DEFAULT_SIZES = (1, 4, 16, 64, 256, 1024)
+TRANSPORTS = ("nixl", "grpc")
+
+
+@dataclass
+class SizeResult:
+    transport: str
+    blocks: int
+    bytes: int
+    p50_ms: float
+    p99_ms: float
+    gb_per_s: float  # bytes / p50 latency
+    verified: bool
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "kv-transfer", help="KV hand-off latency and bandwidth: NIXL against gRPC, two processes on loopback",
+        description="Reads hand-offs of each size from a child process over each transport. The default block is "
+                    "one Llama-3.1-8B (layer, block): 16 tokens x 8 KV heads x 128 dims x bf16, K and V = 64 KiB.")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N",
+                        help="blocks per hand-off [default: 1 4 16 64 256 1024]")
+    parser.add_argument("--num-layers", type=int, default=8,
+                        help="layers per block (Llama-3.1-8B has 32; 8 keeps two 1,024-block caches at 512 MiB "
+                             "each) [default: 8]")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block [default: 16]")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads [default: 8]")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dimension [default: 128]")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=10, help="timed reads per size and transport [default: 10]")
+    parser.add_argument("--transports", choices=TRANSPORTS, nargs="+", default=list(TRANSPORTS))
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per read [default: 60]")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-json", type=Path, default=None, help="write every figure and the machine here")
+    parser.set_defaults(func=run_kv_transfer)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if min(args.sizes) < 1 or args.repeats < 1 or args.num_layers < 1:
+        raise ValueError("--sizes, --repeats and --num-layers must be at least 1")
+
+
+def run_kv_transfer(args: argparse.Namespace) -> int:
+    try:
+        _check_args(args)
+    except ValueError as e:
+        print(f"baton bench kv-transfer: error: {e}", file=sys.stderr)
+        return 2
+    machine = machine_info()
+    shape = CacheShape(args.num_layers, max(args.sizes), args.block_size, args.kv_heads, args.head_dim, args.dtype)
+    print(f"block: {shape.block_nbytes()} bytes per (layer, block), {shape.num_layers} layers; "
+          f"{shape.num_blocks} blocks per cache; {args.repeats} timed reads per size", flush=True)
+    source = SourceProcess(SourceSpec(shape, args.seed, f"bench-src-{free_port()}", free_port(),
+                                      free_port())).start()
+    local = torch.zeros(shape.dims(), dtype=getattr(torch, shape.dtype))
+    results: list[SizeResult] = []
+    notified: dict[str, int] = {}
+    try:
+        for kind in args.transports:
+            transport = make_transport(kind, local, f"bench-dst-{free_port()}", "127.0.0.1",
+                                       free_port() if kind == "nixl" else 0, metrics=False)
+            try:
+                results += [_measure(transport, source, local, n, args) for n in args.sizes]
+            finally:
+                transport.close()
+            notified[kind] = _count_notifications(source, kind, len(args.sizes) * (args.repeats + 1))
+    finally:
+        source.stop()
+    print(format_table(results, args.transports))
+    for kind, count in notified.items():
+        print(f"{kind}: the source was notified of {count} of {len(args.sizes) * (args.repeats + 1)} reads")
+    if args.output_json is not None:
+        doc = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
+               "machine": machine, "block_nbytes": shape.block_nbytes(), "notified": notified,
+               "results": [asdict(r) for r in results]}
+        args.output_json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0 if all(r.verified for r in results) else 1
+
+
+def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor, n: int,
+             args: argparse.Namespace) -> SizeResult:
+    rng = random.Random(args.seed * 7919 + n)
+    remote_blocks = rng.sample(range(source.spec.shape.num_blocks), n)
+    local_blocks = rng.sample(range(local.shape[1]), n)
+    peer = source.peers[transport.name]
+    byte_view(local)[:, local_blocks] = 0  # so the check below cannot pass on an earlier transport's bytes
+    result = transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-check".encode(), args.timeout)
+    verified = blocks_digest(local, local_blocks) == source.digest(remote_blocks)
+    latencies = []
+    for i in range(args.repeats):
+        start = time.perf_counter()
+        transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-{i}".encode(), args.timeout)
+        latencies.append(time.perf_counter() - start)
+    p50, p99 = np.percentile(latencies, [50, 99])
+    return SizeResult(transport.name, n, result.num_bytes, p50 * 1e3, p99 * 1e3, result.num_bytes / p50 / 1e9,
+                      verified)
+
+
+def _count_notifications(source: SourceProcess, kind: str, expected: int, wait_s: float = 5.0) -> int:
+    """NIXL notifications arrive asynchronously after the READ completes, so give the last ones a moment."""
+    count, deadline = 0, time.monotonic() + wait_s
+    while True:
+        count += len(source.notifications()[kind])
+        if count >= expected or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.05)
+
+
+def format_table(results: list[SizeResult], transports: list[str]) -> str:
+    by_key = {(r.transport, r.blocks): r for r in results}
+    sizes = sorted({r.blocks for r in results})
+    header = f"{'blocks':>7}{'bytes':>13}"
+    for kind in transports:
+        header += f"{kind + ' p50 ms':>14}{kind + ' p99 ms':>14}{kind + ' GB/s':>12}"
+    compare = len(transports) == 2
+    if compare:
+        header += f"{transports[1] + '/' + transports[0] + ' p50':>16}"
+    lines = [header]
+    for n in sizes:
+        row = [by_key[(kind, n)] for kind in transports]
+        line = f"{n:>7}{row[0].bytes:>13,}"
+        for r in row:
+            line += f"{r.p50_ms:>14.3f}{r.p99_ms:>14.3f}{r.gb_per_s:>12.3f}" + ("" if r.verified else " UNVERIFIED")
+        if compare:
+            line += f"{row[1].p50_ms / row[0].p50_ms:>15.1f}x"
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""The one interface every filter and scorer implements, and the request facts they see."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from baton.services.router.worker_state import WorkerState
+
+
+@dataclass
+class SchedulingRequest:
+    """One placement question. `cached_blocks` maps worker id -> leading prompt blocks that worker holds (from the
+    prefix index); `now` is read once per decision so every plugin judges staleness against the same instant."""
+    request_id: str
+    prompt_tokens: int
+    block_size: int
+    now: float
+    cached_blocks: dict[str, int] = field(default_factory=dict)
+    tenant: str = ""
+    priority: int = 0
+
+    def cached_tokens(self, worker_id: str) -> int:
+        return min(self.prompt_tokens, self.cached_blocks.get(worker_id, 0) * self.block_size)
+
+    def uncached_tokens(self, worker_id: str) -> int:
+        """Prompt tokens the worker would have to compute itself."""
+        return self.prompt_tokens - self.cached_tokens(worker_id)
+
+
+class Filter(abc.ABC):
+    name: str = "filter"
+
+    @abc.abstractmethod
+    def keep(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        """False drops the worker from this decision."""
+
+
+class Scorer(abc.ABC):
+    name: str = "scorer"
+    # Affinity scorers rank by what a worker holds rather than how busy it is; the picker drops them when it
+    # spreads load, or a warm worker past its threshold would keep winning on its cache alone.
+    affinity: bool = False
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+
+    @abc.abstractmethod
+    def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
+        """How good the worker is for the request, in [0, 1] (1 best)."""

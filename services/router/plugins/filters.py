@@ -1,0 +1,45 @@
+"""Filters: who may receive new work at all."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from baton.services.router.plugins.base import Filter, SchedulingRequest
+from baton.services.router.worker_state import Role, WorkerState
+
+
+class HealthFilter(Filter):
+    """Drops workers whose registration lease ran out (they stopped heartbeating)."""
+    name = "health"
+
+    def keep(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        return worker.is_alive(request.now)
+
+
+class CircuitFilter(Filter):
+    """Drops workers whose circuit breaker is open, or half-open with its one probe already out."""
+    name = "circuit"
+
+    def keep(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        return worker.breaker.allows(request.now)
+
+
+class DrainingFilter(Filter):
+    """Drops workers being scaled down, whether the router was told (Drain) or the worker says so."""
+    name = "draining"
+
+    def keep(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        return not worker.is_draining()
+
+
+class RoleFilter(Filter):
+    name = "role"
+
+    def __init__(self, roles: Iterable[Role]) -> None:
+        self.roles = frozenset(roles)
+
+    def keep(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        return worker.role in self.roles
+
+
+def default_filters(roles: Iterable[Role]) -> list[Filter]:
+    return [HealthFilter(), CircuitFilter(), DrainingFilter(), RoleFilter(roles)]

@@ -1,0 +1,66 @@
+"""Scorers, each in [0, 1] with 1 best. Load scorers give a worker with stale stats 0: the router cannot tell how
+busy it is, so it is treated as saturated rather than as idle."""
+from __future__ import annotations
+
+import abc
+
+from baton.services.router.plugins.base import Scorer, SchedulingRequest
+from baton.services.router.worker_state import WorkerState
+
+
+class PrefixOverlapScorer(Scorer):
+    """Share of the prompt the worker already holds: 1 - uncached prompt tokens / prompt tokens."""
+    name = "prefix_overlap"
+    affinity = True
+
+    def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
+        if request.prompt_tokens == 0:
+            return 1.0
+        return 1.0 - request.uncached_tokens(worker.worker_id) / request.prompt_tokens
+
+
+class _LoadScorer(Scorer):
+    def __init__(self, weight: float, max_stats_age_s: float) -> None:
+        super().__init__(weight)
+        self.max_stats_age_s = max_stats_age_s
+
+    def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
+        if worker.is_stale(request.now, self.max_stats_age_s):
+            return 0.0
+        return min(1.0, max(0.0, self._fresh_score(worker)))
+
+    @abc.abstractmethod
+    def _fresh_score(self, worker: WorkerState) -> float:
+        """The score from fresh stats (clamped to [0, 1] by the caller)."""
+
+
+class KVUtilizationScorer(_LoadScorer):
+    """Free share of the KV cache, counting blocks this router's unseen placements will take."""
+    name = "kv_utilization"
+
+    def _fresh_score(self, worker: WorkerState) -> float:
+        return 1.0 - worker.kv_utilization()
+
+
+class QueuedPrefillTokensScorer(_LoadScorer):
+    """Falls linearly from 1 (nothing queued) to 0 at `saturation_tokens` queued prompt tokens."""
+    name = "queued_prefill_tokens"
+
+    def __init__(self, weight: float, max_stats_age_s: float, saturation_tokens: int) -> None:
+        super().__init__(weight, max_stats_age_s)
+        self.saturation_tokens = saturation_tokens
+
+    def _fresh_score(self, worker: WorkerState) -> float:
+        return 1.0 - worker.queued_prefill_tokens() / self.saturation_tokens
+
+
+class InFlightRequestsScorer(_LoadScorer):
+    """Falls linearly from 1 (idle) to 0 at `saturation_requests` running, waiting or just placed requests."""
+    name = "inflight_requests"
+
+    def __init__(self, weight: float, max_stats_age_s: float, saturation_requests: int) -> None:
+        super().__init__(weight, max_stats_age_s)
+        self.saturation_requests = saturation_requests
+
+    def _fresh_score(self, worker: WorkerState) -> float:
+        return 1.0 - worker.inflight_requests() / self.saturation_requests

@@ -1,0 +1,58 @@
+"""Between the gRPC messages (baton.v1) and the engine's own types."""
+from __future__ import annotations
+
+from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.engine.sampling_params import SamplingParams
+from baton.v1 import worker_pb2 as pb
+
+
+def params_from_proto(p: pb.SamplingParams) -> SamplingParams:
+    """Unset proto fields read as zero, so every field the engine defaults to non-zero is mapped explicitly."""
+    return SamplingParams(
+        max_tokens=p.max_tokens or 16, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
+        min_p=p.min_p, seed=p.seed if p.HasField("seed") else None,
+        repetition_penalty=p.repetition_penalty or 1.0, frequency_penalty=p.frequency_penalty,
+        presence_penalty=p.presence_penalty, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
+        include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
+        logprobs=p.logprobs if p.HasField("logprobs") else None, skip_special_tokens=p.skip_special_tokens)
+
+
+def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
+    return pb.SamplingParams(
+        max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+        seed=p.seed, repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
+        presence_penalty=p.presence_penalty, stop=p.stop, stop_token_ids=p.stop_token_ids,
+        include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
+        logprobs=p.logprobs, skip_special_tokens=p.skip_special_tokens)
+
+
+def logprob_to_proto(lp: TokenLogprobs) -> pb.TokenLogprob:
+    return pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank, top=lp.top)
+
+
+def logprob_from_proto(lp: pb.TokenLogprob) -> TokenLogprobs:
+    return TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
+                         top=dict(sorted(lp.top.items(), key=lambda kv: -kv[1])))
+
+
+def set_stop_reason(message: pb.GenerateResponse | pb.PrefillResponse, reason: int | str | None) -> None:
+    if isinstance(reason, str):
+        message.stop_string = reason
+    elif reason is not None:
+        message.stop_token_id = reason
+
+
+def stop_reason_of(message: pb.GenerateResponse | pb.PrefillResponse) -> int | str | None:
+    which = message.WhichOneof("stop_reason")
+    return None if which is None else getattr(message, which)
+
+
+def output_to_proto(out: RequestOutput, kv_source: str) -> pb.GenerateResponse:
+    new = out.token_ids[len(out.token_ids) - out.num_new_tokens:]
+    message = pb.GenerateResponse(
+        token_ids=new, text=out.new_text, finished=out.finished, finish_reason=out.finish_reason or "",
+        num_prompt_tokens=len(out.prompt_token_ids), num_cached_tokens=out.num_cached_tokens, kv_source=kv_source)
+    if out.logprobs is not None and out.num_new_tokens:
+        message.logprobs.extend(logprob_to_proto(lp) for lp in out.logprobs[-out.num_new_tokens:])
+    set_stop_reason(message, out.stop_reason)
+    return message

@@ -1,0 +1,186 @@
+"""The decode side: serve a request's tokens, after pulling its prompt's KV from a prefill worker when handed one.
+
+A failed or slow pull never loses the request: by policy it is recomputed here (the default) or failed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from opentelemetry import trace
+
+from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.engine.sampling_params import SamplingParams
+from baton.services.worker.config import WorkerConfig
+from baton.services.worker.convert import output_to_proto
+from baton.services.worker.engine_loop import EngineLoop
+from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport
+from baton.services.worker.metrics import WorkerMetrics
+from baton.v1 import worker_pb2 as pb
+from baton.v1 import worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("baton.worker")
+RESERVE_RETRY_SECONDS = 0.01
+
+
+class HandleNotFound(LookupError):
+    """The prefill worker is alive but holds no such lease (expired, released or never granted): NOT_FOUND."""
+
+
+class TransferFailed(RuntimeError):
+    """The KV pull failed and the policy says fail: the caller gets UNAVAILABLE and may retry elsewhere."""
+
+
+def peer_of(handle: pb.KVHandle) -> KVPeer:
+    layout = handle.layout
+    return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port,
+                  KVLayout(layout.num_layers, layout.num_blocks, layout.block_size, layout.block_nbytes,
+                           layout.base_address, layout.dtype))
+
+
+class DecodeSide:
+    def __init__(self, config: WorkerConfig, loop: EngineLoop, transport: KVTransport,
+                 metrics: WorkerMetrics) -> None:
+        self.config = config
+        self.loop = loop
+        self.transport = transport
+        self.metrics = metrics
+        self._peers: dict[str, worker_pb2_grpc.WorkerStub] = {}
+
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+                       cache_salt: str | None, handoff: tuple[pb.KVHandle, int, TokenLogprobs | None] | None,
+                       generated: list[int]) -> AsyncIterator[pb.GenerateResponse]:
+        """Yields the request's outputs. Raises ValueError (bad request) or TransferFailed."""
+        arrived = time.perf_counter()
+        stream = self.loop.open_stream(request_id)
+        finished = False
+        try:
+            kv_source, first = "local", None
+            if handoff is None:
+                await self.loop.call(lambda e: e.add_request(request_id, prompt, params, priority=priority,
+                                                             cache_salt=cache_salt, output_token_ids=generated))
+            else:
+                kv_source, first = await self._receive(request_id, prompt, params, priority, cache_salt, *handoff)
+            timer = _Timer(self.metrics, arrived)
+            out = first if first is not None else await stream.get()
+            while True:
+                timer.token()
+                yield output_to_proto(out, kv_source)
+                if out.finished:
+                    finished = True
+                    timer.done(out.finish_reason or "")
+                    return
+                out = await stream.get()
+        finally:
+            self.loop.close_stream(request_id)
+            if not finished:  # the caller went away, or we failed: stop the work and free the blocks
+                self.loop.submit(lambda e: e.abort_request(request_id))
+
+    async def _receive(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+                       cache_salt: str | None, handle: pb.KVHandle, first_token: int,
+                       first_logprob: TokenLogprobs | None) -> tuple[str, RequestOutput | None]:
+        await self._confirm_lease(handle)
+        reservation = await self._reserve(request_id, prompt, params, priority, cache_salt)
+        try:
+            if reservation is None:
+                raise KVTransferError(f"no free KV blocks within {self.config.transfer_timeout_seconds}s")
+            blocks, hits = reservation
+            with tracer.start_as_current_span("kv_transfer", attributes={
+                    "baton.request_id": request_id, "baton.transport": self.transport.name,
+                    "baton.blocks": len(blocks) - hits, "baton.blocks_cached": hits}):
+                await self._pull(request_id, handle, blocks, hits)
+        except KVTransferError as e:
+            await self.loop.call(lambda eng: eng.release_kv(request_id))
+            return await self._fall_back(request_id, prompt, params, priority, cache_salt, handle, e)
+        first = await self.loop.call(lambda e: e.commit_prefilled(request_id, first_token, first_logprob))
+        return "transfer", first
+
+    async def _reserve(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+                       cache_salt: str | None) -> tuple[list[int], int] | None:
+        deadline = time.monotonic() + self.config.transfer_timeout_seconds
+        while True:
+            reservation = await self.loop.call(lambda e: e.reserve_prefilled(
+                request_id, prompt, params, priority=priority, cache_salt=cache_salt))
+            if reservation is not None or time.monotonic() > deadline:
+                return reservation
+            await asyncio.sleep(RESERVE_RETRY_SECONDS)
+
+    async def _pull(self, request_id: str, handle: pb.KVHandle, blocks: list[int], hits: int) -> None:
+        if handle.transport != self.transport.name:
+            raise KVTransferError(f"the handle is for the {handle.transport!r} transport; this worker uses "
+                                  f"{self.transport.name!r}")
+        if len(handle.block_ids) != len(blocks):
+            raise KVTransferError(f"the handle holds {len(handle.block_ids)} blocks; this worker needs "
+                                  f"{len(blocks)} (block sizes differ?)")
+        remote, local = list(handle.block_ids[hits:]), blocks[hits:]
+        if not remote:  # every block was already cached here: nothing to read, so tell the prefill side directly
+            await self._release_remote(handle)
+            return
+        await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local, request_id.encode(),
+                                self.config.transfer_timeout_seconds)
+
+    async def _fall_back(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+                         cache_salt: str | None, handle: pb.KVHandle,
+                         error: KVTransferError) -> tuple[str, RequestOutput | None]:
+        policy = self.config.transfer_failure_policy
+        self.metrics.kv_fallbacks.labels(self.metrics.model_name, policy).inc()
+        log.warning("request %s: KV pull from %s failed (%s); policy: %s", request_id, handle.worker_address,
+                    error, policy)
+        asyncio.ensure_future(self._release_remote(handle))
+        if policy == "fail":
+            raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
+        await self.loop.call(lambda e: e.add_request(request_id, prompt, params, priority=priority,
+                                                     cache_salt=cache_salt))
+        return "recompute", None
+
+    def _peer(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        stub = self._peers.get(address)
+        if stub is None:
+            stub = self._peers[address] = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(address))
+        return stub
+
+    async def _confirm_lease(self, handle: pb.KVHandle) -> None:
+        """Extends the lease before reading: a one-sided NIXL READ cannot tell live blocks from reused ones, so a
+        handle is checked (and kept alive for the read) first. An unreachable prefill worker is left to the pull's
+        failure path, which recomputes."""
+        if handle.expires_at_unix_ms < time.time() * 1000:
+            raise HandleNotFound(f"KV handle for request {handle.request_id!r} expired")
+        try:
+            await self._peer(handle.worker_address).UpdateLease(
+                pb.UpdateLeaseRequest(request_id=handle.request_id), timeout=self.config.transfer_timeout_seconds)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                raise HandleNotFound(e.details()) from None
+
+    async def _release_remote(self, handle: pb.KVHandle) -> None:
+        """Best effort: a dead prefill worker's blocks are gone anyway, and a live one's lease expires."""
+        try:
+            await self._peer(handle.worker_address).UpdateLease(
+                pb.UpdateLeaseRequest(request_id=handle.request_id, release=True), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            log.info("request %s: could not release its lease on %s: %s", handle.request_id,
+                     handle.worker_address, e.code().name)
+
+
+class _Timer:
+    """Per-request latency observations (TTFT, inter-token latency, end-to-end) as seen by this worker."""
+
+    def __init__(self, metrics: WorkerMetrics, arrived: float) -> None:
+        self.metrics, self.arrived, self.last = metrics, arrived, None
+
+    def token(self) -> None:
+        now, name = time.perf_counter(), self.metrics.model_name
+        if self.last is None:
+            self.metrics.ttft.labels(name).observe(now - self.arrived)
+        else:
+            self.metrics.itl.labels(name).observe(now - self.last)
+        self.last = now
+
+    def done(self, finish_reason: str) -> None:
+        name = self.metrics.model_name
+        self.metrics.e2e.labels(name).observe(time.perf_counter() - self.arrived)
+        self.metrics.finished.labels(name, finish_reason).inc()

@@ -1,0 +1,44 @@
+"""The caller's side of serving one request on workers: local (one worker computes everything) or disaggregated
+(Prefill on one worker, then Generate with the KV handle on another). The gateway orchestrates with this."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from baton.v1 import worker_pb2 as pb
+from baton.v1 import worker_pb2_grpc
+
+
+async def stream_tokens(decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
+                        meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
+                        metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[pb.GenerateResponse]:
+    """Yields the request's GenerateResponse messages, the first token included, whichever way it runs.
+    gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message."""
+    request = pb.GenerateRequest(meta=meta, prompt_token_ids=prompt, params=params)
+    if prefill is not None:
+        done = await prefill.Prefill(pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params),
+                                     metadata=metadata)
+        if done.finish_reason:
+            yield _finished_at_prefill(done, len(prompt))
+            return
+        request.kv_handle.CopyFrom(done.kv_handle)
+        request.first_token_id = done.first_token_id
+        if done.HasField("first_logprob"):
+            request.first_logprob.CopyFrom(done.first_logprob)
+    call = decode.Generate(request, metadata=metadata)
+    try:
+        async for message in call:
+            yield message
+    finally:
+        call.cancel()  # a caller that stops reading (a client gone) aborts the request on the worker
+
+
+def _finished_at_prefill(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb.GenerateResponse:
+    message = pb.GenerateResponse(token_ids=[done.first_token_id], text=done.text, finished=True,
+                                  finish_reason=done.finish_reason, num_prompt_tokens=num_prompt_tokens,
+                                  num_cached_tokens=done.num_cached_tokens, kv_source="local")
+    if done.HasField("first_logprob"):
+        message.logprobs.append(done.first_logprob)
+    which = done.WhichOneof("stop_reason")
+    if which is not None:
+        setattr(message, which, getattr(done, which))
+    return message

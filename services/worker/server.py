@@ -1,0 +1,98 @@
+"""Assembles a worker: engine on its thread, KV transport, gRPC service with standard health checks, HTTP probes
+and metrics, and a SIGTERM drain (stop taking work, finish what is in flight, release leases, exit 0)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from baton.services.common.http_probe import serve_probes
+from baton.services.engine.config import EngineConfig
+from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.metrics import EngineCollector
+from baton.services.worker.config import WorkerConfig
+from baton.services.worker.decode import DecodeSide
+from baton.services.worker.engine_loop import EngineLoop
+from baton.services.worker.kv_events import KVEventLog
+from baton.services.worker.kv_transfer import make_transport
+from baton.services.worker.metrics import WorkerMetrics
+from baton.services.worker.prefill import PrefillSide
+from baton.services.worker.servicer import WorkerServicer
+from baton.v1 import worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "baton.v1.Worker"
+
+
+async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
+    engine = LLMEngine(engine_config)
+    engine.blocks.record_events = True
+    server = grpc.aio.server()
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    host = config.advertise_host or config.host
+    address = f"{host}:{port}"
+    worker_id = config.worker_id or address
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+    metrics = WorkerMetrics(registry, engine.model_id)
+    transport = make_transport(config.kv_transport, engine.runner.attention.kv_cache, name=f"baton-{worker_id}",
+                               host=host, port=port if config.kv_transport == "grpc" else config.kv_port or port + 1,
+                               registry=registry)
+    loop = EngineLoop(engine, asyncio.get_running_loop())
+    events = KVEventLog(config.kv_event_buffer)
+    loop.after_step.append(lambda e: _publish_events(e, events))
+    prefill = PrefillSide(config, loop, transport, metrics, worker_id, address)
+    decode = DecodeSide(config, loop, transport, metrics)
+    servicer = WorkerServicer(config, engine, loop, prefill, decode, events, worker_id)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    probes = None
+    if config.metrics_port is not None:
+        probes = serve_probes(config.host, config.metrics_port, registry, lambda: not servicer.draining)
+    loop.start()
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    housekeeping = asyncio.ensure_future(prefill.housekeeping())
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
+    # The one line launchers and tests wait for: it says the worker is serving and where.
+    print(f"baton worker ready: role={config.role} address={address} transport={transport.name}{metrics_at}",
+          flush=True)
+    await stop.wait()
+    await _drain(config, servicer, health_servicer, metrics, prefill)
+    housekeeping.cancel()
+    await server.stop(grace=1)
+    loop.stop()
+    transport.close()
+    if probes:
+        probes.shutdown()
+    return 0
+
+
+async def _drain(config: WorkerConfig, servicer: WorkerServicer, health_servicer: health.aio.HealthServicer,
+                 metrics: WorkerMetrics, prefill: PrefillSide) -> None:
+    servicer.draining = True
+    metrics.draining.labels(metrics.model_name).set(1)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    log.info("draining: %d requests in flight, %d leases held", servicer.in_flight, len(prefill.leases))
+    try:
+        await asyncio.wait_for(servicer.idle.wait(), timeout=config.drain_grace_seconds)
+    except asyncio.TimeoutError:
+        log.warning("drain grace of %ss ran out with %d requests in flight", config.drain_grace_seconds,
+                    servicer.in_flight)
+    await prefill.release_all()
+
+
+def _publish_events(engine: LLMEngine, events: KVEventLog) -> None:
+    if engine.blocks.events:
+        pending, engine.blocks.events = engine.blocks.events, []
+        events.extend(pending)

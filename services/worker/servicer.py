@@ -1,0 +1,176 @@
+"""The Worker gRPC service: validates requests, maps errors to status codes, and hands work to the prefill and
+decode sides. Every refusal carries a message; every failure is logged once with its request id."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from opentelemetry import propagate, trace
+
+from baton.services.engine.llm_engine import LLMEngine
+from baton.services.worker.config import WorkerConfig
+from baton.services.worker.convert import logprob_from_proto, params_from_proto
+from baton.services.worker.decode import DecodeSide, HandleNotFound, TransferFailed
+from baton.services.worker.engine_loop import EngineLoop
+from baton.services.worker.kv_events import KVEventLog
+from baton.services.worker.prefill import PrefillSide, UnknownHandle
+from baton.v1 import worker_pb2 as pb
+from baton.v1 import worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("baton.worker")
+ROLES = {"prefill": pb.ROLE_PREFILL, "decode": pb.ROLE_DECODE, "mixed": pb.ROLE_MIXED}
+EVENT_POLL_SECONDS = 0.05
+MAX_PROMPT_TOKENS = 1 << 20  # far past any context; guards the server against absurd messages
+
+
+def _trace_context(context: grpc.aio.ServicerContext):
+    return propagate.extract({k: v for k, v in context.invocation_metadata() or ()})
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, config: WorkerConfig, engine: LLMEngine, loop: EngineLoop, prefill: PrefillSide,
+                 decode: DecodeSide, events: KVEventLog, worker_id: str) -> None:
+        self.config = config
+        self.engine = engine
+        self.loop = loop
+        self.prefill_side = prefill
+        self.decode_side = decode
+        self.events = events
+        self.worker_id = worker_id
+        self.draining = False
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def _admit(self, context: grpc.aio.ServicerContext, phase: str, meta: pb.RequestMeta,
+                     prompt: list[int]) -> str:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining; retry on another worker")
+        if phase == "prefill" and self.config.role == "decode" or phase == "decode" and self.config.role == "prefill":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"a {self.config.role} worker does not serve {phase}")
+        if len(prompt) > MAX_PROMPT_TOKENS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"prompt has {len(prompt)} tokens; at most {MAX_PROMPT_TOKENS} are accepted")
+        return meta.request_id or f"req-{uuid.uuid4().hex}"
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+    async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
+        prompt = list(request.prompt_token_ids)
+        request_id = await self._admit(context, "prefill", request.meta, prompt)
+        self._enter()
+        try:
+            with tracer.start_as_current_span("prefill", context=_trace_context(context),
+                                              attributes={"baton.request_id": request_id,
+                                                          "baton.prompt_tokens": len(prompt)}):
+                return await self.prefill_side.prefill(request_id, prompt, params_from_proto(request.params),
+                                                       request.meta.priority, request.meta.cache_salt or None)
+        except ValueError as e:
+            log.info("request %s: prefill refused: %s", request_id, e)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            self._leave()
+
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        prompt = list(request.prompt_token_ids)
+        request_id = await self._admit(context, "decode", request.meta, prompt)
+        handoff = None
+        if request.HasField("kv_handle"):
+            first_lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
+            handoff = (request.kv_handle, request.first_token_id, first_lp)
+        self._enter()
+        try:
+            with tracer.start_as_current_span("decode", context=_trace_context(context),
+                                              attributes={"baton.request_id": request_id,
+                                                          "baton.handoff": handoff is not None}):
+                async for message in self.decode_side.generate(
+                        request_id, prompt, params_from_proto(request.params), request.meta.priority,
+                        request.meta.cache_salt or None, handoff, list(request.output_token_ids)):
+                    yield message
+        except ValueError as e:
+            log.info("request %s: generate refused: %s", request_id, e)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except HandleNotFound as e:
+            log.info("request %s: %s", request_id, e)
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except TransferFailed as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        finally:
+            self._leave()
+
+    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        rid = request.request_id
+        leased = await self.prefill_side.release(rid)
+        found = await self.loop.call(lambda e: rid in e.seqs or rid in e.held or rid in e.reserved)
+        await self.loop.call(lambda e: e.abort_request(rid))
+        return pb.AbortResponse(found=found or leased)
+
+    async def UpdateLease(self, request: pb.UpdateLeaseRequest,
+                          context: grpc.aio.ServicerContext) -> pb.UpdateLeaseResponse:
+        if request.release:
+            return pb.UpdateLeaseResponse(found=await self.prefill_side.release(request.request_id))
+        lease = self.prefill_side.leases.extend(request.request_id)
+        if lease is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no live KV lease for request {request.request_id!r}")
+        return pb.UpdateLeaseResponse(found=True, expires_at_unix_ms=int(lease.expires_at * 1000))
+
+    async def PullKV(self, request: pb.PullKVRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVChunk]:
+        transport = self.prefill_side.transport
+        if transport.name != "grpc":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this worker moves KV with {transport.name}")
+        try:
+            blocks = self.prefill_side.leased_blocks(request.request_id, list(request.block_ids))
+        except UnknownHandle as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        for chunk in transport.stream_blocks(blocks):
+            yield chunk
+        transport.record_notification(request.request_id.encode())
+
+    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.WorkerStats:
+        e = self.engine
+        return pb.WorkerStats(
+            worker_id=self.worker_id, role=ROLES[self.config.role], timestamp_unix_ms=int(time.time() * 1000),
+            num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
+            kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks, kv_blocks_total=e.blocks.num_blocks,
+            prefill_tokens_queued=e.scheduler.prefill_tokens_queued(),
+            recent_step_ms=[s * 1000 for s in list(e.counters.recent_step_seconds)],
+            num_leases=len(self.prefill_side.leases), draining=self.draining, block_size=e.blocks.block_size,
+            model=e.model_id)
+
+    async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVEventBatch]:
+        after = request.after_sequence
+        while True:
+            events, gap = self.events.since(after)
+            if events or gap:
+                yield pb.KVEventBatch(worker_id=self.worker_id, gap=gap, events=[
+                    pb.KVEvent(sequence=ev.sequence, block_hashes=[ev.block_hash],
+                               kind=pb.KVEvent.KIND_STORED if ev.kind == "stored" else pb.KVEvent.KIND_REMOVED)
+                    for ev in events])
+                after = events[-1].sequence if events else self.events.last_sequence
+            await asyncio.sleep(EVENT_POLL_SECONDS)
+
+    async def GetKVSnapshot(self, request: pb.GetKVSnapshotRequest,
+                            context: grpc.aio.ServicerContext) -> pb.KVSnapshot:
+        def snapshot(e: LLMEngine) -> tuple[int, list[int]]:
+            self.events.extend(e.blocks.events)
+            e.blocks.events = []
+            return self.events.last_sequence, list(e.blocks.cached)
+
+        sequence, hashes = await self.loop.call(snapshot)
+        return pb.KVSnapshot(worker_id=self.worker_id, sequence=sequence, block_hashes=hashes,
+                             block_size=self.engine.blocks.block_size)

@@ -1,0 +1,128 @@
+"""The hand-off under failure: a prefill worker killed mid-hand-off, leases left to expire, clients that go
+away mid-stream, and a SIGTERM drain under live streams. No request is lost and every block comes back."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from baton.v1 import worker_pb2 as pb
+from tests.engine.engine_helpers import random_prompts
+from tests.worker.cluster import Worker, collect, greedy_params, start_workers
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dirs):
+    return tiny_model_dirs["llama"]
+
+
+def wait_for(condition, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def all_blocks_free(worker: Worker) -> bool:
+    return worker.metric("baton_kv_cache_free_blocks") == worker.metric("baton_kv_cache_total_blocks")
+
+
+async def prefill_only(prefill: Worker, request_id: str, prompt: list[int], max_tokens: int) -> pb.PrefillResponse:
+    return await prefill.stub().Prefill(pb.PrefillRequest(meta=pb.RequestMeta(request_id=request_id),
+                                                          prompt_token_ids=prompt, params=greedy_params(max_tokens)))
+
+
+async def decode_with(decode: Worker, done: pb.PrefillResponse, request_id: str, prompt: list[int],
+                      max_tokens: int) -> tuple[list[int], str]:
+    request = pb.GenerateRequest(meta=pb.RequestMeta(request_id=request_id), prompt_token_ids=prompt,
+                                 params=greedy_params(max_tokens), kv_handle=done.kv_handle,
+                                 first_token_id=done.first_token_id)
+    tokens, source = [], ""
+    async for message in decode.stub().Generate(request):
+        tokens += message.token_ids
+        source = message.kv_source or source
+    return tokens, source
+
+
+def test_prefill_killed_before_transfer_still_completes(model):
+    prefill, decode, mixed = start_workers(model, ["prefill", "decode", "mixed"])
+    try:
+        prompt = random_prompts(1, 500, seed=8, min_len=70, max_len=70)[0]
+        expected, _ = asyncio.run(collect(mixed, None, "ref", prompt, greedy_params(12)))
+        done = asyncio.run(prefill_only(prefill, "victim", prompt, 12))
+        prefill.service.kill()  # kill -9: no drain, the lease's blocks vanish with the process
+        tokens, source = asyncio.run(decode_with(decode, done, "victim", prompt, 12))
+        assert (tokens, source) == (expected, "recompute")
+        assert decode.metric("baton_kv_transfer_fallbacks_total", policy="recompute") == 1
+        wait_for(lambda: all_blocks_free(decode))
+    finally:
+        decode.service.terminate()
+        mixed.service.terminate()
+
+
+def test_lease_left_to_expire_frees_its_blocks(model):
+    [prefill] = start_workers(model, ["prefill"], "nixl", "--lease-seconds", "1")
+    try:
+        baseline = prefill.metric("baton_kv_cache_free_blocks")
+        done = asyncio.run(prefill_only(prefill, "orphan", list(range(3, 60)), 8))
+        assert done.kv_handle.block_ids
+        assert prefill.metric("baton_kv_cache_free_blocks") < baseline
+        wait_for(lambda: prefill.metric("baton_kv_cache_free_blocks") == baseline)
+        assert prefill.metric("baton_kv_lease_expiries_total") == 1
+        assert prefill.metric("baton_kv_leases") == 0
+    finally:
+        assert prefill.service.terminate() == 0
+
+
+def test_abort_mid_stream_frees_blocks_on_both_workers(model):
+    prefill, decode = start_workers(model, ["prefill", "decode"])
+    try:
+        async def start_then_leave() -> int:
+            prompt = list(range(10, 80))
+            done = await prefill_only(prefill, "leaver", prompt, 400)
+            call = decode.stub().Generate(pb.GenerateRequest(
+                meta=pb.RequestMeta(request_id="leaver"), prompt_token_ids=prompt, params=greedy_params(400),
+                kv_handle=done.kv_handle, first_token_id=done.first_token_id))
+            seen = 0
+            async for message in call:
+                seen += len(message.token_ids)
+                if seen >= 3:
+                    call.cancel()
+                    break
+            return seen
+
+        assert asyncio.run(start_then_leave()) == 3
+        wait_for(lambda: all_blocks_free(decode) and all_blocks_free(prefill))
+        assert decode.metric("baton_num_requests_running") == 0
+    finally:
+        prefill.service.terminate()
+        decode.service.terminate()
+
+
+def test_sigterm_drains_eight_live_streams(model):
+    prefill, decode, mixed = start_workers(model, ["prefill", "decode", "mixed"])
+    prompts = random_prompts(8, 500, seed=12, min_len=20, max_len=60)
+    try:
+        async def scenario() -> tuple[list[list[int]], grpc.StatusCode]:
+            expected = [(await collect(mixed, None, f"ref{i}", p, greedy_params(60)))[0]
+                        for i, p in enumerate(prompts)]
+            streams = [asyncio.ensure_future(collect(decode, prefill, f"s{i}", p, greedy_params(60)))
+                       for i, p in enumerate(prompts)]
+            while decode.metric("baton_num_requests_running") < 8:
+                await asyncio.sleep(0.05)
+            decode.service.process.terminate()  # SIGTERM
+            await asyncio.sleep(0.3)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await collect(decode, None, "late", prompts[0], greedy_params(4))
+            assert [t for t, _ in await asyncio.gather(*streams)] == expected
+            return expected, refused.value.code()
+
+        _, code = asyncio.run(scenario())
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert decode.service.process.wait(30) == 0
+    finally:
+        prefill.service.terminate()
+        mixed.service.terminate()
+        decode.service.terminate()
