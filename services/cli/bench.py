@@ -18,6 +18,7 @@ from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import Request, random_workload, shared_prefix_workload, summarize, trace_workload
 from baton.services.cli import bench_isolation
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
+from baton.services.cli.bench_router import register as register_router
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.bench_throughput import (EngineShape, format_table, kv_blocks_for, machine_info, report,
                                                     run_baton, run_hf, special_token_ids, warmup_workload)
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kinds = parser.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
     register_throughput(kinds)
     register_kv_transfer(kinds)
+    register_router(kinds)
     bench_isolation.register(kinds)
 
 

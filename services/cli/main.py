@@ -7,7 +7,7 @@ import logging
 import sys
 
 # Module names under baton.services.cli; each defines register(subparsers) and sets a `func` default.
-SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker")
+SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router", "gateway", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,8 +167,8 @@ class CompletionRequest(_Request):
         """The field that asks for logprobs, and how many top alternatives per token (None: no logprobs)."""
         return "logprobs", self.logprobs
 
-    def choice(self, out: RequestOutput, index: int, text_of: _TokenText) -> dict[str, Any]:
-        logprobs = None if out.logprobs is None else _completion_logprobs(out.logprobs, text_of)
+    def choice(self, out: RequestOutput, index: int, text_of: TokenText) -> dict[str, Any]:
+        logprobs = None if out.logprobs is None else completion_logprobs(out.logprobs, text_of)
         choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
                   "stop_reason": out.stop_reason}
         if self.return_token_ids:
@@ -230,8 +230,8 @@ class ChatCompletionRequest(_Request):
     def logprobs_k(self) -> tuple[str, int | None]:
         return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
 
-    def choice(self, out: RequestOutput, index: int, text_of: _TokenText) -> dict[str, Any]:
-        logprobs = None if out.logprobs is None else {"content": [_chat_logprob(lp, text_of) for lp in out.logprobs]}
+    def choice(self, out: RequestOutput, index: int, text_of: TokenText) -> dict[str, Any]:
+        logprobs = None if out.logprobs is None else {"content": [chat_logprob(lp, text_of) for lp in out.logprobs]}
         choice = {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": logprobs,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if self.return_token_ids:
@@ -317,7 +317,7 @@ def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> 
     return requested
 
 
-class _TokenText:
+class TokenText:
     """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -334,8 +334,9 @@ def _clamp(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
-def _completion_logprobs(logprobs: list[TokenLogprobs], text_of: _TokenText) -> dict[str, list]:
-    tokens, values, tops, offsets, offset = [], [], [], [], 0
+def completion_logprobs(logprobs: list[TokenLogprobs], text_of: TokenText, offset: int = 0) -> dict[str, list]:
+    """Completions-style logprobs; `offset` is where the first token's text starts (streamed chunks continue)."""
+    tokens, values, tops, offsets = [], [], [], []
     for lp in logprobs:
         token = text_of(lp.token_id)
         tokens.append(token)
@@ -343,7 +344,10 @@ def _completion_logprobs(logprobs: list[TokenLogprobs], text_of: _TokenText) -> 
         offsets.append(offset)
         offset += len(token)
         # OpenAI's completions list the top k plus the chosen token when it is not among them.
-        top = {text_of(t): _clamp(v) for t, v in lp.top.items()}
+        # Tokens that render alike (byte fragments) share a key; the best-ranked keeps it.
+        top: dict[str, float] = {}
+        for t, v in lp.top.items():
+            top.setdefault(text_of(t), _clamp(v))
         top.setdefault(token, _clamp(lp.logprob))
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
@@ -353,7 +357,7 @@ def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8"))}
 
 
-def _chat_logprob(lp: TokenLogprobs, text_of: _TokenText) -> dict[str, Any]:
+def chat_logprob(lp: TokenLogprobs, text_of: TokenText) -> dict[str, Any]:
     entry = _chat_entry(text_of(lp.token_id), lp.logprob)
     entry["top_logprobs"] = [_chat_entry(text_of(t), v) for t, v in lp.top.items()]
     return entry
@@ -363,7 +367,7 @@ def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokeniz
                    model: str, response_id: str | None = None) -> dict[str, Any]:
     """The response body for a finished request; outputs are its n choices in order."""
     chat = isinstance(request, ChatCompletionRequest)
-    text_of = _TokenText(tokenizer)
+    text_of = TokenText(tokenizer)
     prompt_tokens = len(outputs[0].prompt_token_ids)
     completion_tokens = sum(len(out.token_ids) for out in outputs)
     body: dict[str, Any] = {

@@ -30,8 +30,12 @@ def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str, cache
                  start: int = 0, parent: int | None = None) -> list[int]:
     """Keys of the full blocks of token_ids, from block index `start` (whose parent key is `parent`)."""
     h = root_hash(model_id, cache_salt) if parent is None else parent
+    # The same bytes chain_hash hashes, with the token array packed once rather than once per block (the
+    # router hashes every prompt on its decision path).
+    data = array("q", token_ids[start * block_size:(len(token_ids) // block_size) * block_size]).tobytes()
+    stride = block_size * 8
     keys = []
-    for i in range(start, len(token_ids) // block_size):
-        h = chain_hash(h, token_ids[i * block_size:(i + 1) * block_size])
+    for offset in range(0, len(data), stride):
+        h = _digest(h.to_bytes(8, "little") + data[offset:offset + stride])
         keys.append(h)
     return keys

@@ -33,3 +33,14 @@ class EngineConfig(BatonSettings):
         None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
+    engine: Literal["model", "sim"] = Field(
+        "model", description="model: run the checkpoint; sim: a timing model stands in for the forward pass (the "
+                             "scheduler, block manager and prefix cache stay real; --model only gives the tokenizer)")
+    sim_num_kv_blocks: int = Field(4096, ge=1, description="sim: KV blocks when --num-kv-blocks is unset")
+    sim_step_base_seconds: float = Field(0.002, ge=0, description="sim: fixed cost of every step")
+    sim_prefill_tokens_per_second: float = Field(20000.0, gt=0, description="sim: linear prefill throughput")
+    sim_prefill_seconds_per_token_squared: float = Field(
+        0.0, ge=0, description="sim: attention cost per prefill token per context token (the quadratic term)")
+    sim_decode_seconds_per_sequence: float = Field(0.0002, ge=0, description="sim: cost of each decode row")
+    sim_decode_seconds_per_context_token: float = Field(
+        0.0, ge=0, description="sim: cost per context token a decode row reads (KV bandwidth)")

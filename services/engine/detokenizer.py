@@ -16,10 +16,20 @@ CONTEXT_TOKENS = 8
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(self, tokenizer: Tokenizer, token_ids: list[int], params: SamplingParams) -> None:
+        """token_ids: what precedes the first token to detokenize (the prompt, plus any tokens generated
+        elsewhere before a migration)."""
         self.tokenizer = tokenizer
-        self.stream = DecodeStream(ids=prompt_token_ids[-CONTEXT_TOKENS:],
-                                   skip_special_tokens=params.skip_special_tokens)
+        context = list(token_ids[-CONTEXT_TOKENS:])
+        # A context ending inside a multi-byte character decodes to U+FFFD, and DecodeStream would then repeat
+        # the whole context once the character completes. Those trailing tokens were never released as text
+        # (a stream holds a U+FFFD tail back), so they are replayed as pending instead.
+        pending: list[int] = []
+        while context and tokenizer.decode(context, skip_special_tokens=params.skip_special_tokens).endswith("\ufffd"):
+            pending.insert(0, context.pop())
+        self.stream = DecodeStream(ids=context, skip_special_tokens=params.skip_special_tokens)
+        for token_id in pending:
+            self.stream.step(tokenizer, token_id)
         self.stop = params.stop
         self.hold_stops = bool(params.stop) and not params.include_stop_str_in_output
         self.include_stop = params.include_stop_str_in_output

@@ -1,7 +1,6 @@
 """The engine: requests in, one scheduled forward pass per step, tokens and text out."""
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -14,14 +13,14 @@ from baton.services.engine.block_manager import BlockManager
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.model_runner import ModelRunner
-from baton.services.engine.models.loader import load_config, sliding_window
+from baton.services.engine.models.loader import context_length, load_config
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.sampling_params import SamplingParams
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
+from baton.services.engine.sim_runner import SimulatedRunner
 
-log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -73,10 +72,13 @@ class LLMEngine:
         self.model_id = config.served_model_name or self.model_dir.name
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.eos_ids = eos_token_ids(self.model_dir, self.tokenizer)
-        self.max_model_len = self._max_model_len()
+        self.max_model_len = context_length(self.model_config, config.max_model_len)
         self.device, self.dtype = _resolve(config, getattr(self.model_config, "dtype", None))
-        self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype, self.device,
-                                  self.max_model_len)
+        if config.engine == "sim":
+            self.runner: ModelRunner | SimulatedRunner = SimulatedRunner(config, self.model_config, self.eos_ids)
+        else:
+            self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype, self.device,
+                                      self.max_model_len)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
                                    config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
@@ -89,19 +91,6 @@ class LLMEngine:
         # side), and requests whose blocks are reserved while their KV arrives (decode side).
         self.held: dict[str, Sequence] = {}
         self.reserved: dict[str, Sequence] = {}
-
-    def _max_model_len(self) -> int:
-        limit = self.model_config.max_position_embeddings
-        window = sliding_window(self.model_config)
-        if window is not None and window < limit:
-            log.warning("capping context at the sliding window (%d tokens): windowed attention is not implemented",
-                        window)
-            limit = window
-        if self.config.max_model_len is not None:
-            if self.config.max_model_len > limit:
-                raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's limit of {limit}")
-            limit = self.config.max_model_len
-        return limit
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None, output_token_ids: list[int] | None = None,

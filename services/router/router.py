@@ -204,6 +204,11 @@ class Router:
                 self.index.remove_worker(worker_id)
                 self.predictor.forget(worker_id)
 
+    def members(self) -> list[str]:
+        """Ids of the workers known now (registered, static or discovered)."""
+        with self._lock:
+            return list(self._workers)
+
     def drain(self, worker_ids: Iterable[str]) -> list[str]:
         """Stops new placements on these workers (their current requests finish); returns the unknown ids."""
         unknown = []

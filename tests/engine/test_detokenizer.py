@@ -52,3 +52,16 @@ def test_include_stop_string(tokenizer):
 def test_text_that_only_resembles_a_stop_is_released_at_the_end(tokenizer):
     pieces, stop, full = stream(tokenizer, "the end is near", SamplingParams(stop=["end!"]))
     assert stop is None and "".join(pieces) == full == "the end is near"
+
+
+@pytest.mark.parametrize("cut", range(1, 16))
+def test_continuing_after_any_token_never_repeats_text(tokenizer, cut):
+    """A request resumed elsewhere (migration) may resume mid-character: the text that follows is exactly what
+    the first worker had not yet released."""
+    ids = tokenizer.encode("héllo wörld €uro", add_special_tokens=False)
+    backend = tokenizer.backend_tokenizer
+    detok = IncrementalDetokenizer(backend, ids[:cut], SamplingParams())
+    for token_id in ids[cut:]:
+        detok.add(token_id)
+    released_before = backend.decode(ids[:cut]).rstrip("\ufffd")
+    assert released_before + detok.release(final=True) == "héllo wörld €uro"

@@ -45,6 +45,22 @@ def sliding_window(config: PretrainedConfig) -> int | None:
     return window
 
 
+def context_length(config: PretrainedConfig, cap: int | None = None) -> int:
+    """The longest sequence served: the model's positions, at most its attention window (windowed attention is
+    not implemented, so longer would be wrong), at most `cap`. Raises ValueError when cap exceeds the model's."""
+    limit = config.max_position_embeddings
+    window = sliding_window(config)
+    if window is not None and window < limit:
+        log.warning("capping context at the sliding window (%d tokens): windowed attention is not implemented",
+                    window)
+        limit = window
+    if cap is not None:
+        if cap > limit:
+            raise ValueError(f"max_model_len {cap} exceeds the model's limit of {limit}")
+        limit = cap
+    return limit
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.exists():

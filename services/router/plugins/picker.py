@@ -44,7 +44,12 @@ class Picker:
         self.tie_tolerance = tie_tolerance
 
     def candidates(self, request: SchedulingRequest, workers: Sequence[WorkerState]) -> list[WorkerState]:
-        return [w for w in workers if all(f.keep(request, w) for f in self.filters)]
+        # One filter at a time over a shrinking list: cheaper than every filter per worker (decisions run this
+        # for every worker twice), and the same result since filters are independent predicates.
+        kept = list(workers)
+        for f in self.filters:
+            kept = [w for w in kept if f.keep(request, w)]
+        return kept
 
     def total_score(self, request: SchedulingRequest, worker: WorkerState, with_affinity: bool = True) -> float:
         scorers = self.scorers if with_affinity else [s for s in self.scorers if not s.affinity]

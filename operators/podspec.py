@@ -1,0 +1,72 @@
+"""Pieces every pod the operator makes shares: the restricted security context, owner references, probes."""
+from __future__ import annotations
+
+from typing import Any
+
+from baton.operators import resources as r
+
+Obj = dict[str, Any]
+
+RESTRICTED_CONTAINER: Obj = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_POD: Obj = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+                       "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def owner_reference(owner: Obj) -> Obj:
+    """Makes `owner` the controller of a child, so that Kubernetes garbage-collects the child with it."""
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def metadata(owner: Obj, name: str, labels: dict[str, str]) -> Obj:
+    return {"name": name, "namespace": owner["metadata"]["namespace"], "labels": labels,
+            "ownerReferences": [owner_reference(owner)]}
+
+
+def http_probe(path: str, period: int, failures: int = 3) -> Obj:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+
+
+def container(name: str, image: str, pull_policy: str, args: list[str], port: int, resources: Obj) -> Obj:
+    return {
+        "name": name, "image": image, "imagePullPolicy": pull_policy, "args": args,
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": http_probe("/health", 5), "livenessProbe": http_probe("/health", 15, failures=4),
+        "resources": resources, "securityContext": RESTRICTED_CONTAINER,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def deployment(meta: Obj, selector: dict[str, str], replicas: int, pod: Obj, labels: dict[str, str]) -> Obj:
+    pod = {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False, **pod}
+    pod["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}] + pod.get("volumes", [])
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+            "spec": {"replicas": replicas, "selector": {"matchLabels": selector},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def service(meta: Obj, selector: dict[str, str], port: int, kind: str = "ClusterIP", headless: bool = False) -> Obj:
+    spec: Obj = {"type": kind, "selector": selector,
+                 "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}
+    if headless:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+
+
+def disruption_budget(meta: Obj, selector: dict[str, str]) -> Obj:
+    """At most one pod of a component down at a time for voluntary disruptions (drains, upgrades)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}
+
+
+def service_monitor(meta: Obj, selector: dict[str, str]) -> Obj:
+    relabel = [{"sourceLabels": [f"__meta_kubernetes_pod_label_{label.replace('.', '_').replace('/', '_')}"],
+                "targetLabel": target}
+               for label, target in ((r.LABEL_POOL, "pool"), (r.LABEL_ROLE, "role"), (r.LABEL_DEPLOYMENT,
+                                                                                     "deployment"))]
+    return {"apiVersion": f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}", "kind": "ServiceMonitor",
+            "metadata": meta, "spec": {"selector": {"matchLabels": selector},
+                                       "endpoints": [{"port": "http", "interval": "15s", "relabelings": relabel}]}}

@@ -1,0 +1,103 @@
+"""`baton serve`: the whole stack on one machine, as local processes on loopback: workers (a prefill and a decode
+pool, or mixed workers), the router and the gateway. It waits until all are ready, prints the URL and a sample
+request, and stops everything (gateway first, workers last, each draining) on Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from baton.services.common.process import ServiceProcess, free_port, launch_service
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="run the whole stack (workers, router, gateway) on this machine",
+                                   description=__doc__)
+    parser.add_argument("--model", default=None, help="checkpoint folder [default: the embedded tiny model]")
+    parser.add_argument("--served-model-name", default=None, help="name clients use [default: the folder's]")
+    parser.add_argument("--host", default="127.0.0.1", help="gateway address [default: 127.0.0.1]")
+    parser.add_argument("--port", type=int, default=8000, help="gateway port [default: 8000]")
+    parser.add_argument("--mode", choices=("disaggregated", "colocated"), default="disaggregated")
+    parser.add_argument("--prefill-workers", type=int, default=1, help="disaggregated: prefill workers [1]")
+    parser.add_argument("--decode-workers", type=int, default=1,
+                        help="decode workers (colocated: mixed workers) [default: 1]")
+    parser.add_argument("--kv-transport", choices=("nixl", "grpc"), default="nixl")
+    parser.add_argument("--api-keys-file", default=None, help="require API keys from this file [default: no auth]")
+    parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument for every worker, e.g. --worker-arg=--num-kv-blocks=512 (repeatable)")
+    parser.set_defaults(func=run)
+
+
+def _roles(args: argparse.Namespace) -> list[str]:
+    if args.mode == "colocated":
+        return ["mixed"] * args.decode_workers
+    return ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
+
+
+def _start_workers(args: argparse.Namespace, model: str, name: str,
+                   started: list[ServiceProcess]) -> list[ServiceProcess]:
+    roles = _roles(args)
+    # One core each where there are enough; torch's default (all cores per process) would oversubscribe.
+    threads = str(max(1, (os.cpu_count() or 1) // len(roles)))
+    workers = []
+    for i, role in enumerate(roles):
+        workers.append(launch_service(f"{role}-worker-{i}", [
+            "worker", "--role", role, "--model", model, "--served-model-name", name, "--port", str(free_port()),
+            "--kv-port", str(free_port()), "--metrics-port", str(free_port()), "--kv-transport", args.kv_transport,
+            *args.worker_arg], env={"BATON_NUM_THREADS": os.environ.get("BATON_NUM_THREADS", threads)}))
+        started.insert(0, workers[-1])
+    return [w.wait_ready() for w in workers]
+
+
+def _start_stack(args: argparse.Namespace, model: str, name: str, started: list[ServiceProcess]) -> None:
+    """Starts every service in dependency order, each put at the front of `started` (the order to stop them),
+    so a failure part-way still stops what did start."""
+    workers = _start_workers(args, model, name, started)
+    router = launch_service("router", [
+        "router", "--port", str(free_port()), "--metrics-port", str(free_port()), "--model", name,
+        "--workers", ",".join(w.address for w in workers)])
+    started.insert(0, router)
+    router.wait_ready()
+    auth = ["--api-keys-file", args.api_keys_file] if args.api_keys_file else ["--no-auth"]
+    gateway = launch_service("gateway", [
+        "gateway", "--host", args.host, "--port", str(args.port), "--router", router.address, "--model", model,
+        "--served-model-name", name, *auth])
+    started.insert(0, gateway)
+    gateway.wait_ready()
+
+
+def run(args: argparse.Namespace) -> int:
+    from baton.services.engine.tiny_model import embedded_model_path
+
+    model = str(Path(args.model) if args.model else embedded_model_path())
+    name = args.served_model_name or Path(model).name
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    services: list[ServiceProcess] = []
+    try:
+        try:
+            _start_stack(args, model, name, services)
+        except RuntimeError as e:
+            log.error("the stack did not start: %s", e)
+            return 1
+        url = f"http://{args.host}:{args.port}/v1"
+        print(f"baton serve ready: address={args.host}:{args.port} mode={args.mode} workers={len(services) - 2} "
+              f"model={name}\n"
+              f"  OpenAI API: {url}\n  try: curl {url}/completions -H 'Content-Type: application/json' "
+              f"-d '{{\"model\": \"{name}\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}}'", flush=True)
+        while not stop.wait(0.5):
+            dead = [s for s in services if s.process.poll() is not None]
+            if dead:
+                log.error("%s exited with %s; stopping the stack:\n%s", dead[0].name, dead[0].process.returncode,
+                          dead[0].log())
+                return 1
+        return 0
+    finally:
+        for service in services:
+            service.terminate()

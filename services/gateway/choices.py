@@ -1,0 +1,94 @@
+"""A choice's state as its messages arrive, and the OpenAI bodies made from it: streamed chunks (SSE) and the
+final response. Text comes detokenized from the workers (stop strings resolved there)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from baton.services.common.openai_protocol import (ChatCompletionRequest, OpenAIRequest, TokenText, chat_logprob,
+                                                   completion_logprobs)
+from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.worker.convert import logprob_from_proto, stop_reason_of
+from baton.v1 import worker_pb2 as pb
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    def add(self, message: pb.GenerateResponse) -> list[TokenLogprobs]:
+        """Folds a message in; returns its logprobs (for the streamed chunk)."""
+        self.token_ids += message.token_ids
+        self.text += message.text
+        new = [logprob_from_proto(lp) for lp in message.logprobs]
+        self.logprobs += new
+        self.num_cached_tokens = max(self.num_cached_tokens, message.num_cached_tokens)
+        if message.finished:
+            self.finish_reason = message.finish_reason or None
+            self.stop_reason = stop_reason_of(message)
+        return new
+
+    def as_output(self, want_logprobs: bool) -> RequestOutput:
+        return RequestOutput(request_id="", prompt_token_ids=self.prompt_token_ids, token_ids=self.token_ids,
+                             text=self.text, num_new_tokens=0, new_text="", finished=True,
+                             finish_reason=self.finish_reason, stop_reason=self.stop_reason,
+                             logprobs=self.logprobs if want_logprobs else None,
+                             num_cached_tokens=self.num_cached_tokens)
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class ChunkWriter:
+    """Streamed chunks in vLLM's shapes for completions and chat completions."""
+
+    def __init__(self, request: OpenAIRequest, response_id: str, model: str, text_of: TokenText) -> None:
+        self.request = request
+        self.chat = isinstance(request, ChatCompletionRequest)
+        self.base = {"id": response_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                     "created": int(time.time()), "model": model}
+        self.text_of = text_of
+        self.offsets: dict[int, int] = {}  # completions logprobs: text offset per choice
+
+    def _chunk(self, choice: dict[str, Any]) -> str:
+        return sse({**self.base, "choices": [choice]})
+
+    def role(self, index: int) -> str:
+        """Chat streams open each choice with the assistant role, as OpenAI's do."""
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
+    def delta(self, state: ChoiceState, message: pb.GenerateResponse, logprobs: list[TokenLogprobs]) -> str:
+        want = self.request.logprobs_k()[1] is not None
+        finish = {"finish_reason": state.finish_reason if message.finished else None}
+        if message.finished:
+            finish["stop_reason"] = state.stop_reason
+        if self.chat:
+            lp = {"content": [chat_logprob(x, self.text_of) for x in logprobs]} if want else None
+            choice = {"index": state.index, "delta": {"content": message.text} if message.text else {},
+                      "logprobs": lp, **finish}
+        else:
+            lp = None
+            if want:
+                lp = completion_logprobs(logprobs, self.text_of, self.offsets.get(state.index, 0))
+                self.offsets[state.index] = self.offsets.get(state.index, 0) + sum(len(t) for t in lp["tokens"])
+            choice = {"index": state.index, "text": message.text, "logprobs": lp, **finish}
+        if self.request.return_token_ids:
+            choice["token_ids"] = list(message.token_ids)
+        return self._chunk(choice)
+
+    def usage(self, states: list[ChoiceState]) -> str:
+        prompt = len(states[0].prompt_token_ids)
+        completion = sum(len(s.token_ids) for s in states)
+        return sse({**self.base, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                                           "total_tokens": prompt + completion}})

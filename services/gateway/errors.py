@@ -1,0 +1,34 @@
+"""OpenAI-shaped error responses: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+from __future__ import annotations
+
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from baton.services.common.openai_protocol import ProtocolError
+
+
+def error_response(status: int, message: str, code: str, param: str | None = None,
+                   retry_after_s: float | None = None) -> JSONResponse:
+    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error")
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s is not None else None
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+def protocol_error_response(error: ProtocolError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, str(exc.detail), code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")

@@ -1,0 +1,55 @@
+"""The gateway's Prometheus metrics: client-facing latencies, SLO attainment and goodput, per-tenant metering.
+
+Goodput is counted as tokens delivered by requests that met both their TTFT and TPOT targets (DistServe's
+definition, per request); attainment is `baton_slo_requests_total{met="true"}` over all. docs/metrics.md lists them.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from baton.services.gateway.config import SLO
+from baton.services.worker.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("baton_gateway_requests", "HTTP requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=registry)
+        self.ttft = Histogram("baton_gateway_time_to_first_token_seconds",
+                              "Client-facing time to first token (arrival at the gateway to first token sent)",
+                              buckets=TTFT_BUCKETS, registry=registry)
+        self.itl = Histogram("baton_gateway_inter_token_latency_seconds",
+                             "Client-facing time between streamed tokens", buckets=ITL_BUCKETS, registry=registry)
+        self.tpot = Histogram("baton_gateway_time_per_output_token_seconds",
+                              "Per request: (E2E - TTFT) / (output tokens - 1)", buckets=ITL_BUCKETS,
+                              registry=registry)
+        self.e2e = Histogram("baton_gateway_e2e_request_latency_seconds", "Client-facing end-to-end latency",
+                             buckets=E2E_BUCKETS, registry=registry)
+        self.slo = Counter("baton_slo_requests", "Finished requests, by priority and whether they met the SLO",
+                           ["priority", "met"], registry=registry)
+        self.goodput = Counter("baton_goodput_tokens", "Output tokens of requests that met their SLO",
+                               ["priority"], registry=registry)
+        self.prompt_tokens = Counter("baton_tenant_prompt_tokens", "Prompt tokens served, per tenant", ["tenant"],
+                                     registry=registry)
+        self.completion_tokens = Counter("baton_tenant_completion_tokens", "Completion tokens served, per tenant",
+                                         ["tenant"], registry=registry)
+        self.rejections = Counter("baton_gateway_rejections", "Requests refused, by reason", ["reason"],
+                                  registry=registry)
+        self.migrations = Counter("baton_gateway_migrations", "Streams moved to another decode worker",
+                                  registry=registry)
+        self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served", registry=registry)
+
+    def finish_choice(self, priority: int, slo: SLO | None, ttft_s: float | None, e2e_s: float,
+                      tokens: int) -> None:
+        """One finished choice: latency histograms, SLO verdict and goodput."""
+        self.e2e.observe(e2e_s)
+        tpot_s = (e2e_s - ttft_s) / (tokens - 1) if ttft_s is not None and tokens > 1 else None
+        if tpot_s is not None:
+            self.tpot.observe(tpot_s)
+        if slo is None:
+            return
+        met = (ttft_s is not None and ttft_s * 1000 <= slo.ttft_ms
+               and (tpot_s is None or tpot_s * 1000 <= slo.tpot_ms))
+        self.slo.labels(str(priority), "true" if met else "false").inc()
+        if met:
+            self.goodput.labels(str(priority)).inc(tokens)

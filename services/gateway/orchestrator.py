@@ -1,0 +1,134 @@
+"""Serves one choice of a request on the workers: ask the router for a placement, run prefill then decode (or
+local prefill) through the hand-off client, and migrate to another decode worker when one dies mid-stream,
+continuing after the tokens already streamed so nothing is duplicated or lost."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from baton.services.worker.handoff_client import stream_tokens
+from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+# A worker that died or vanished mid-call; anything else (a bad request, a refusal) is not retried elsewhere.
+WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+               grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class Refused(Exception):
+    """The router or a worker refused the request; carries the HTTP status and Retry-After to answer with."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
+
+
+@dataclass
+class ChoiceRequest:
+    request_id: str
+    prompt: list[int]
+    params: worker_pb2.SamplingParams
+    tenant: str
+    priority: int
+    cache_salt: str
+    ttft_slo_ms: float | None
+    metadata: Sequence[tuple[str, str]] = ()  # trace context for the router and workers
+
+
+@dataclass
+class ChoiceProgress:
+    tokens: list[int] = field(default_factory=list)
+    migrations: int = 0
+    first_token_at: float | None = None
+
+
+def _refusal(error: grpc.aio.AioRpcError) -> Refused:
+    code, details = error.code(), error.details() or error.code().name
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        trailing = dict(error.trailing_metadata() or ())
+        retry_ms = trailing.get("retry-after-ms")
+        return Refused(429, details, "rate_limit_exceeded", float(retry_ms) / 1000 if retry_ms else 1.0)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return Refused(400, details, "invalid_value")
+    return Refused(503, f"no worker can serve this request now: {details}", "service_unavailable", 1.0)
+
+
+class Orchestrator:
+    def __init__(self, router_address: str, max_migrations: int) -> None:
+        self.router = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
+        self.max_migrations = max_migrations
+        self._workers: dict[str, worker_pb2_grpc.WorkerStub] = {}
+        self.migrations = 0  # total, for metrics
+
+    def worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        stub = self._workers.get(address)
+        if stub is None:
+            stub = self._workers[address] = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(address))
+        return stub
+
+    async def place(self, choice: ChoiceRequest, tokens: list[int]) -> router_pb2.Placement:
+        request = router_pb2.PlaceRequest(
+            request_id=choice.request_id, prompt_token_ids=choice.prompt + tokens, tenant=choice.tenant,
+            cache_salt=choice.cache_salt, priority=choice.priority, max_tokens=choice.params.max_tokens)
+        if choice.ttft_slo_ms is not None:
+            request.ttft_slo_ms = int(choice.ttft_slo_ms)
+        try:
+            return await self.router.Place(request, metadata=choice.metadata)
+        except grpc.aio.AioRpcError as e:
+            raise _refusal(e) from None
+
+    async def run(self, choice: ChoiceRequest, progress: ChoiceProgress) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """Yields the choice's messages in order. Raises Refused, or grpc.aio.AioRpcError when the stream broke
+        and may not move (migration off or used up)."""
+        placement = await self.place(choice, [])
+        failed_worker = ""
+        try:
+            while True:
+                try:
+                    async for message in self._attempt(choice, placement, progress.tokens):
+                        if message.token_ids and progress.first_token_at is None:
+                            progress.first_token_at = time.monotonic()
+                        progress.tokens += message.token_ids
+                        yield message
+                    return
+                except grpc.aio.AioRpcError as e:
+                    if e.code() not in WORKER_LOST or progress.migrations >= self.max_migrations:
+                        if e.code() not in WORKER_LOST:
+                            raise _refusal(e) from None
+                        raise
+                    failed_worker = placement.decode_worker_id
+                    log.warning("request %s: worker %s lost after %d tokens (%s); migrating", choice.request_id,
+                                failed_worker, len(progress.tokens), e.code().name)
+                    await self._release(placement, progress, failed_worker)
+                    progress.migrations += 1
+                    self.migrations += 1
+                    placement = await self.place(choice, progress.tokens)
+                    failed_worker = ""
+        finally:
+            await asyncio.shield(self._release(placement, progress, failed_worker))
+
+    def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement,
+                 tokens: list[int]) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        meta = worker_pb2.RequestMeta(request_id=choice.request_id, priority=choice.priority,
+                                      cache_salt=choice.cache_salt)
+        decode = self.worker(placement.decode_address)
+        if tokens:  # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
+            request = worker_pb2.GenerateRequest(meta=meta, prompt_token_ids=choice.prompt, params=choice.params,
+                                                 output_token_ids=tokens)
+            return decode.Generate(request, metadata=choice.metadata)
+        remote = placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and placement.prefill_address
+        prefill = self.worker(placement.prefill_address) if remote else None
+        return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata)
+
+    async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str) -> None:
+        request = router_pb2.ReleaseRequest(lease_id=placement.lease_id, output_tokens=len(progress.tokens),
+                                            failed_worker_id=failed)
+        try:
+            await self.router.Release(request, timeout=5)
+        except grpc.aio.AioRpcError as e:  # the lease expires on the router's side anyway
+            log.info("request %s: lease release failed: %s", placement.request_id, e.code().name)

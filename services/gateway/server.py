@@ -1,0 +1,57 @@
+"""Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+from transformers import AutoTokenizer
+
+from baton.services.engine.models.loader import context_length, load_config
+from baton.services.gateway.app import Gateway, create_app
+from baton.services.gateway.config import GatewayConfig
+from baton.services.gateway.metrics import GatewayMetrics
+from baton.services.gateway.orchestrator import Orchestrator
+from baton.services.gateway.rate_limits import RateLimiter
+from baton.services.gateway.tenants import KeyStore
+
+log = logging.getLogger(__name__)
+
+
+def build_gateway(config: GatewayConfig) -> Gateway:
+    if config.model is None:
+        from baton.services.engine.tiny_model import embedded_model_path
+        config = config.model_copy(update={"model": str(embedded_model_path())})
+    model_dir = Path(config.model)
+    keys = None
+    if config.auth:
+        if config.api_keys_file is None:
+            raise ValueError("auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
+        keys = KeyStore.load(config.api_keys_file)
+    registry = CollectorRegistry()
+    return Gateway(config=config, tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
+                   model_name=config.served_model_name or model_dir.name,
+                   max_model_len=context_length(load_config(model_dir), config.max_model_len),
+                   orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
+                   metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter())
+
+
+async def serve(config: GatewayConfig) -> int:
+    gateway = build_gateway(config)
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        # The one line launchers and tests wait for.
+        print(f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
+              f"model={gateway.model_name}", flush=True)
+    await task
+    return 0

@@ -1,0 +1,47 @@
+"""One stack per mode for the gateway tests, shared by the whole session (starting one takes seconds)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.stack import start_stack
+
+KEYS = """
+tenants:
+  - name: alpha
+    keys: ["sk-alpha"]
+  - name: limited
+    keys: ["sk-limited"]
+    requests_per_minute: 2
+"""
+
+
+@pytest.fixture(scope="session")
+def model(tiny_model_dirs):
+    return tiny_model_dirs["llama"]
+
+
+@pytest.fixture(scope="session")
+def disaggregated(model, tmp_path_factory):
+    """Prefill and decode workers, with API keys required."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
+    keys.write_text(KEYS)
+    stack = start_stack(model, "disaggregated", api_keys_file=keys)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def colocated(model):
+    stack = start_stack(model, "colocated")
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session", params=["disaggregated", "colocated"])
+def stack(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def api_key(stack, disaggregated):
+    return "sk-alpha" if stack is disaggregated else "unused"

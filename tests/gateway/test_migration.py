@@ -1,0 +1,84 @@
+"""Request migration: a decode worker killed (-9) while 16 greedy streams are mid-flight. With migration on,
+every stream completes with exactly the text of an undisturbed run; with it off, each stream that was on the
+dead worker ends with an error event and the others complete."""
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from baton.services.common.process import free_port, launch_service
+from tests.gateway.stack import metric, start_stack
+
+STREAMS = 16
+TOKENS = 120
+PROMPTS = [f"Story number {i}: once upon a time" for i in range(STREAMS)]
+
+
+@pytest.fixture(scope="module")
+def stack(model):
+    stack = start_stack(model, "disaggregated", decode_workers=3)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def no_migration_url(stack, model):
+    port = free_port()
+    gateway = launch_service("gateway-no-migration", [
+        "gateway", "--port", str(port), "--router", stack.router.address, "--model", str(model),
+        "--no-auth", "--max-migrations", "0"]).wait_ready()
+    yield f"http://127.0.0.1:{port}/v1"
+    gateway.terminate()
+
+
+async def _stream(client: openai.AsyncOpenAI, model: str, prompt: str, progress: list[int]) -> str | Exception:
+    text = ""
+    try:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=TOKENS, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            text += chunk.choices[0].text if chunk.choices else ""
+            progress.append(1)
+    except openai.APIError as e:
+        return e
+    return text
+
+
+async def _run_and_kill(url: str, model: str, stack, victim_filter) -> tuple[list[str | Exception], str]:
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+    progress: list[int] = []
+    tasks = [asyncio.ensure_future(_stream(client, model, p, progress)) for p in PROMPTS]
+    while len(progress) < STREAMS * 4:  # every stream well under way
+        await asyncio.sleep(0.02)
+    victim = victim_filter(stack)
+    victim.kill()
+    return await asyncio.gather(*tasks), victim.name
+
+
+def _busiest_live_decode(stack):
+    live = [w for w in stack.workers("decode") if w.process.poll() is None]
+    return max(live, key=lambda w: metric(w, "baton_num_requests_running"))
+
+
+async def _undisturbed(url: str, model: str) -> list[str]:
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+    return await asyncio.gather(*(_stream(client, model, p, []) for p in PROMPTS))
+
+
+def test_streams_survive_a_decode_worker_killed_mid_flight(stack, model, no_migration_url):
+    expected = asyncio.run(_undisturbed(stack.url, model.name))
+    assert all(isinstance(t, str) and t for t in expected)
+
+    # Migration off: streams on the dead worker end with an error event, the rest are untouched.
+    off, _ = asyncio.run(_run_and_kill(no_migration_url, model.name, stack, _busiest_live_decode))
+    failed = [i for i, r in enumerate(off) if isinstance(r, Exception)]
+    assert 0 < len(failed) < STREAMS
+    assert all("could not move" in str(off[i]) for i in failed)
+    assert all(off[i] == expected[i] for i in range(STREAMS) if i not in failed)
+
+    # Migration on: the same load, another worker killed, and every stream is whole and identical.
+    on, victim = asyncio.run(_run_and_kill(stack.url, model.name, stack, _busiest_live_decode))
+    assert on == expected, victim
+    assert stack.gateway_metric("baton_gateway_migrations_total") > 0

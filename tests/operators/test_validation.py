@@ -1,0 +1,100 @@
+"""Invalid BatonDeployments: the CRD's own openAPIV3Schema refuses the structural ones (checked with a JSON-schema
+validator), and the CEL rules in that schema, evaluated by the operator, catch the rest."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import jsonschema
+import pytest
+
+from baton.operators import crd_schema
+from baton.operators import resources as r
+from baton.operators.spec import defaulted, problems
+
+VALID: dict[str, Any] = {
+    "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND, "metadata": {"name": "m"},
+    "spec": {"model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "baton/worker:1"},
+             "pools": {"prefill": {"minReplicas": 1, "maxReplicas": 4}, "decode": {"minReplicas": 1}}},
+}
+
+
+def edit(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    body = copy.deepcopy(VALID)
+    change(body["spec"])
+    return body
+
+
+SCHEMA_CASES = {
+    "no model": edit(lambda s: s.pop("model")),
+    "two model sources": edit(lambda s: s["model"].update(uri="s3://bucket/model")),
+    "model uri with a bad scheme": edit(lambda s: s.update(model={"uri": "ftp://x/y"})),
+    "pvc without claim name": edit(lambda s: s.update(model={"pvc": {"path": "/m"}})),
+    "no worker image": edit(lambda s: s["image"].pop("worker")),
+    "decode without prefill and no mixed": edit(lambda s: s["pools"].pop("prefill")),
+    "negative min replicas": edit(lambda s: s["pools"]["prefill"].update(minReplicas=-1)),
+    "too many GPUs": edit(lambda s: s["pools"]["decode"].update(gpus=64)),
+    "replicas as a string": edit(lambda s: s["pools"]["decode"].update(maxReplicas="four")),
+    "unknown autoscaling mode": edit(lambda s: s["pools"]["decode"].update(autoscaling={"mode": "turbo"})),
+    "KV high mark above 100%": edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheHighPercent": 120})),
+    "SLO without TPOT": edit(lambda s: s.update(slos=[{"priority": "x", "ttftMillis": 100}])),
+    "SLO priority not a name": edit(lambda s: s.update(slos=[{"priority": "Hi There", "ttftMillis": 1,
+                                                              "tpotMillis": 1}])),
+    "unknown router policy": edit(lambda s: s.update(router={"policy": "random"})),
+    "gateway port below 1024": edit(lambda s: s.update(gateway={"port": 80})),
+    "toleration with a bad operator": edit(lambda s: s["pools"]["decode"].update(
+        tolerations=[{"key": "gpu", "operator": "Matches"}])),
+}
+
+# Valid for the structural schema; refused by a CEL rule (or list-map key) that the operator evaluates itself.
+RULE_CASES = {
+    "min above max": (edit(lambda s: s["pools"]["prefill"].update(minReplicas=5, maxReplicas=2)),
+                      "minReplicas must not exceed maxReplicas"),
+    "zero min without scale to zero": (edit(lambda s: s["pools"]["decode"].update(minReplicas=0)),
+                                       "minReplicas may be 0 only with autoscaling.scaleToZero"),
+    "GPUs not a multiple of TP": (edit(lambda s: s["pools"]["decode"].update(gpus=3, tensorParallelSize=2)),
+                                  "gpus must be a multiple of tensorParallelSize"),
+    "initial replicas above max": (edit(lambda s: s["pools"]["prefill"].update(replicas=9)),
+                                   "replicas must lie within minReplicas..maxReplicas"),
+    "KV low above high": (edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheLowPercent": 90})),
+                          "kvCacheLowPercent must be below kvCacheHighPercent"),
+    "engine arg with dashes": (edit(lambda s: s["pools"]["decode"].update(engineArgs={"--max-num-seqs": "8"})),
+                               "engineArgs keys must be kebab-case"),
+    "engine arg the operator owns": (edit(lambda s: s["pools"]["decode"].update(engineArgs={"model": "x"})),
+                                     "engineArgs must not set flags the operator owns"),
+    "duplicate SLO priority": (edit(lambda s: s.update(slos=[{"priority": "a", "ttftMillis": 1, "tpotMillis": 1}] * 2)),
+                               "duplicate entries for priority = a"),
+}
+
+
+def validator() -> jsonschema.Validator:
+    return jsonschema.Draft202012Validator(crd_schema.open_api_schema(r.DEPLOYMENT_KIND))
+
+
+def test_valid_deployment_passes_schema_and_rules() -> None:
+    validator().validate(VALID)
+    assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, VALID)) == []
+
+
+@pytest.mark.parametrize("name", SCHEMA_CASES)
+def test_schema_refuses(name: str) -> None:
+    assert list(validator().iter_errors(SCHEMA_CASES[name])), f"schema accepted: {name}"
+
+
+@pytest.mark.parametrize("name", RULE_CASES)
+def test_rule_refuses(name: str) -> None:
+    body, message = RULE_CASES[name]
+    validator().validate(body)  # the structural schema alone lets it through
+    found = problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body))
+    assert len(found) == 1 and message in found[0], found
+
+
+def test_every_cel_rule_has_a_case() -> None:
+    def rules(schema: Any) -> list[str]:
+        if isinstance(schema, dict):
+            own = [v["message"] for v in schema.get("x-kubernetes-validations", [])]
+            return own + [m for value in schema.values() for m in rules(value)]
+        return [m for item in schema for m in rules(item)] if isinstance(schema, list) else []
+    messages = set(rules(crd_schema.open_api_schema(r.DEPLOYMENT_KIND)))
+    covered = {m for m in messages for _, expected in RULE_CASES.values() if expected in m}
+    assert covered == messages
