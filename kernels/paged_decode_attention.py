@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.paged_kv_tile import load_kv_tile, online_softmax_update
+
 # KV tokens per loop step; independent of the cache block size because every token's
 # address is gathered through the block table. 32 tokens with 4 warps compiles without
 # register spills for head_dim 128 on sm_90 in both fp32 and bf16; 64 tokens spill.
@@ -45,23 +47,11 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     # Each step has at least one valid token, so m_i is finite after the first and no NaN arises.
     for start in range(0, ctx_len, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_mask = n < ctx_len
-        block = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        tok = block * stride_cb + (n % BLOCK_SIZE) * stride_co
-        k_t = tl.load(k_base + tok[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-        v = tl.load(k_base + stride_ckv + tok[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if UPCAST:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
+        n, n_mask, k_t, v = load_kv_tile(k_base, table, start, ctx_len, d, d_mask, stride_cb, stride_ckv, stride_co,
+                                         BLOCK_N, BLOCK_SIZE, UPCAST)
         s = tl.dot(q, k_t, input_precision="ieee") * scale_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc)
 
     # An empty context (a padded batch slot) yields zeros rather than 0/0.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.paged_kv_tile import load_kv_tile, online_softmax_update
+
 _BLOCK_M = 64  # query rows per program
 # KV tokens per loop step, gathered through the block table. fp32 operands take the FMA
 # (not tensor-core) dot path, which needs the smaller step to stay spill-free at head_dim
@@ -68,23 +70,11 @@ def _prefill_kernel(
     # Key 0 is visible to every row (padding rows included), so m_i is finite after the
     # first step and later fully masked steps contribute exp2(-inf) = 0, never NaN.
     for start in range(0, kv_end, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_mask = n < kv_end
-        block = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        tok = block * stride_cb + (n % BLOCK_SIZE) * stride_co
-        k_t = tl.load(k_base + tok[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-        v = tl.load(k_base + stride_ckv + tok[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if UPCAST:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
+        n, n_mask, k_t, v = load_kv_tile(k_base, table, start, kv_end, d, d_mask, stride_cb, stride_ckv, stride_co,
+                                         BLOCK_N, BLOCK_SIZE, UPCAST)
         s = tl.dot(q, k_t, input_precision="ieee") * scale_log2
         s = tl.where(n_mask[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc)
 
     out = acc / l_i[:, None]
     out_ptrs = out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :]

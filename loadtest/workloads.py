@@ -7,7 +7,8 @@ out special tokens: a stray EOS or chat-control id would make a prompt mean some
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -110,32 +111,48 @@ def _block_len(scale: float) -> int:
     return int(block_len)
 
 
-def trace_requests(rows: Iterable[TraceRequest], n: int, scale: float, pool: np.ndarray, seed: int = 0,
-                   max_len: int | None = None) -> list[Request]:
-    """The first n rows that fit max_len (prompt plus output, after scaling), with every length divided by scale.
-
-    Rows with hash ids (Mooncake) get block-structured prompts, 512/scale tokens per hash id; others random ones."""
+def scaled_trace(rows: Iterable[TraceRequest], scale: float, pool: np.ndarray, seed: int = 0,
+                 max_len: int | None = None) -> Iterator[tuple[TraceRequest, Request]]:
+    """Each row that fits max_len (prompt plus output, after scaling) with its request, every length divided by
+    scale; the row comes along for its arrival time. Rows with hash ids (Mooncake) get block-structured prompts,
+    512/scale tokens per hash id; others random ones. Lazy, so a load test reads only the rows it replays."""
     rng = np.random.default_rng(seed)
     blocks: MooncakeBlocks | None = None
-    out: list[Request] = []
-    skipped = 0
     for row in rows:
-        if len(out) == n:
-            break
         in_len, out_len = _scaled(row.input_len, scale), _scaled(row.output_len, scale)
         if row.hash_ids:
             blocks = blocks or MooncakeBlocks(_block_len(scale), pool, seed)
             in_len = min(in_len, len(row.hash_ids) * blocks.block_len)
         if max_len is not None and in_len + out_len > max_len:
-            skipped += 1
             continue
         prompt = blocks.prompt(row.hash_ids, in_len) if row.hash_ids and blocks else _tokens(rng, pool, in_len)
-        out.append((prompt, out_len))
+        yield row, (prompt, out_len)
+
+
+def trace_requests(rows: Iterable[TraceRequest], n: int, scale: float, pool: np.ndarray, seed: int = 0,
+                   max_len: int | None = None) -> list[Request]:
+    """The first n requests of scaled_trace: rows too long after scaling are left out."""
+    counted = _Counted(rows)
+    out = [request for _, request in islice(scaled_trace(counted, scale, pool, seed, max_len), n)]
+    skipped = counted.seen - len(out)
     if len(out) < n:
         raise ValueError(f"the trace has only {len(out)} requests that fit (asked for {n}; {skipped} too long)")
     if skipped:
         log.info("skipped %d trace requests longer than %d tokens after scaling", skipped, max_len)
     return out
+
+
+class _Counted:
+    """An iterable that counts the rows drawn from it, to report how many were skipped."""
+
+    def __init__(self, rows: Iterable[TraceRequest]) -> None:
+        self.rows = rows
+        self.seen = 0
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        for row in self.rows:
+            self.seen += 1
+            yield row
 
 
 def trace_workload(name: str, n: int, scale: float, vocab_size: int, seed: int = 0, avoid: Collection[int] = (),

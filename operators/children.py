@@ -1,62 +1,107 @@
-"""What a BatonDeployment becomes: a config map, router and gateway (Deployments, Services, PDBs), WorkerPools."""
+"""What a BatonDeployment becomes: the router (with the RBAC its EndpointSlice watch needs) and the gateway
+(Deployments, Services, PDBs), and a WorkerPool per role. Each pod gets its settings as `baton ...` flags."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from baton.operators import podspec
 from baton.operators import resources as r
+from baton.operators.model_source import model_mount
 from baton.operators.settings import OperatorSettings
+from baton.operators.workers import served_model_name
 
 Obj = dict[str, Any]
-CONFIG_DIR = "/etc/baton"
+KEYS_DIR = "/etc/baton/keys"
+# `baton router --prefix-overlap-weight`: least-loaded placement is prefix-aware placement blind to caches.
+POLICY_ARGS = {"prefix-aware": [], "least-loaded": ["--prefix-overlap-weight", "0"]}
 
 
-def router_url(name: str, spec: Obj) -> str:
-    return f"http://{r.router_name(name)}:{spec['router']['port']}"
+def router_url(name: str, settings: OperatorSettings) -> str:
+    """The router's HTTP server (/stats, /admin/drain), which the operator's autoscaler and drain call."""
+    return f"http://{r.router_name(name)}:{settings.probe_port}"
 
 
-def config_map(body: Obj, spec: Obj, settings: OperatorSettings) -> Obj:
-    """What the router and gateway read at start: SLOs and where each pool's workers are."""
-    name = body["metadata"]["name"]
-    pools = {role: {"service": r.pool_name(name, role), "port": settings.worker_port,
-                    "workerPool": r.pool_name(name, role)} for role in spec["pools"]}
-    config = {"model": spec["model"].get("servedModelName") or name, "slos": spec["slos"], "pools": pools,
-              "router": {"url": router_url(name, spec), "policy": spec["router"]["policy"],
-                         "drainTimeoutSeconds": spec["router"]["drainTimeoutSeconds"]}}
-    meta = podspec.metadata(body, r.config_name(name), r.common_labels(name, "config"))
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-            "data": {"config.json": json.dumps(config, indent=2, sort_keys=True)}}
+def slos_arg(slos: list[Obj]) -> str:
+    """`baton gateway --slos`: 'PRIORITY=TTFT_MS/TPOT_MS,...'."""
+    return ",".join(f"{s['priority']}={s['ttftMillis']}/{s['tpotMillis']}" for s in slos)
 
 
-def _component(body: Obj, spec: Obj, component: str, image: str, args: list[str], replicas: int) -> list[Obj]:
+def router_args(body: Obj, spec: Obj, settings: OperatorSettings) -> list[str]:
+    """The router finds workers through the EndpointSlices of the pools' Services, which carry the role label."""
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    args = ["router", "--host", "0.0.0.0", "--port", str(spec["router"]["port"]),
+            "--metrics-port", str(settings.probe_port),
+            "--kube-label-selector", f"{r.LABEL_DEPLOYMENT}={name},{r.LABEL_ROLE}", "--kube-namespace", namespace,
+            "--model", served_model_name(name, spec["model"]), *POLICY_ARGS[spec["router"]["policy"]]]
+    # Prefix hashes are per block, so the router must cut prompts as the workers do.
+    sizes = {pool.get("engineArgs", {}).get("block-size") for pool in spec["pools"].values()} - {None}
+    if sizes:
+        args += ["--block-size", min(sizes)]
+    return args
+
+
+def _component(body: Obj, spec: Obj, component: str, box: Obj, pod: Obj, ports: dict[str, int]) -> list[Obj]:
     name = body["metadata"]["name"]
     object_name = r.router_name(name) if component == "router" else r.gateway_name(name)
     labels, selector = r.common_labels(name, component), r.selector_labels(name, component)
-    port = spec[component]["port"]
-    box = podspec.container(component, image, spec["image"]["pullPolicy"],
-                            [component, "--port", str(port), "--config", f"{CONFIG_DIR}/config.json", *args], port,
-                            spec[component].get("resources", {}))
-    box["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
-    pod = {"containers": [box], "volumes": [{"name": "config", "configMap": {"name": r.config_name(name)}}]}
     kind = spec["gateway"]["serviceType"] if component == "gateway" else "ClusterIP"
-    return [podspec.deployment(podspec.metadata(body, object_name, labels), selector, replicas, pod, labels),
-            podspec.service(podspec.metadata(body, object_name, labels), selector, port, kind),
+    pod = {**pod, "containers": [box]}
+    return [podspec.deployment(podspec.metadata(body, object_name, labels), selector,
+                               spec[component]["replicas"], pod, labels),
+            podspec.service(podspec.metadata(body, object_name, labels), selector, ports, kind),
             podspec.disruption_budget(podspec.metadata(body, object_name, labels), selector)]
+
+
+def router_rbac(body: Obj) -> list[Obj]:
+    """A ServiceAccount that may read the namespace's EndpointSlices, and nothing else."""
+    name = body["metadata"]["name"]
+    meta = podspec.metadata(body, r.router_name(name), r.common_labels(name, "router"))
+    rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
+             "subjects": [{"kind": "ServiceAccount", "name": meta["name"],
+                           "namespace": body["metadata"]["namespace"]}]}]
 
 
 def router_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
     image = spec["image"].get("router") or settings.router_image
-    return _component(body, spec, "router", image, ["--policy", spec["router"]["policy"]], spec["router"]["replicas"])
+    ports = {"grpc": spec["router"]["port"], "http": settings.probe_port}
+    box = podspec.container("router", image, spec["image"]["pullPolicy"], router_args(body, spec, settings), ports,
+                            spec["router"].get("resources", {}))
+    # Only the router talks to the API server; its token is mounted here and nowhere else.
+    pod = {"serviceAccountName": r.router_name(body["metadata"]["name"]), "automountServiceAccountToken": True}
+    return [*router_rbac(body), *_component(body, spec, "router", box, pod, ports)]
+
+
+def gateway_args(body: Obj, spec: Obj, model_path: str) -> list[str]:
+    name = body["metadata"]["name"]
+    args = ["gateway", "--host", "0.0.0.0", "--port", str(spec["gateway"]["port"]),
+            "--router", f"{r.router_name(name)}:{spec['router']['port']}", "--model", model_path,
+            "--served-model-name", served_model_name(name, spec["model"]), "--slos", slos_arg(spec["slos"])]
+    secret = spec["gateway"].get("apiKeysSecretRef")
+    return args + ([f"--api-keys-file={KEYS_DIR}/{secret['key']}"] if secret else ["--no-auth"])
 
 
 def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
     image = spec["image"].get("gateway") or settings.gateway_image
-    args = ["--router-url", router_url(body["metadata"]["name"], spec)]
-    return _component(body, spec, "gateway", image, args, spec["gateway"]["replicas"])
+    source = model_mount(spec["model"], image, spec["image"]["pullPolicy"], tokenizer_only=True)
+    box = podspec.container("gateway", image, spec["image"]["pullPolicy"], gateway_args(body, spec, source.path),
+                            {"http": spec["gateway"]["port"]}, spec["gateway"].get("resources", {}))
+    box["volumeMounts"] += source.mounts
+    box["env"] = source.env
+    pod: Obj = {"volumes": source.volumes}
+    if source.init_containers:
+        pod["initContainers"] = source.init_containers
+    secret = spec["gateway"].get("apiKeysSecretRef")
+    if secret:
+        box["volumeMounts"].append({"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True})
+        pod["volumes"] = pod["volumes"] + [{"name": "api-keys", "secret": {"secretName": secret["name"]}}]
+    return _component(body, spec, "gateway", box, pod, {"http": spec["gateway"]["port"]})
 
 
-def worker_pool(body: Obj, spec: Obj, role: str) -> Obj:
+def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings) -> Obj:
     """A WorkerPool carries everything its workers need, so that it reconciles without reading its owner."""
     name = body["metadata"]["name"]
     pool = spec["pools"][role]
@@ -68,12 +113,11 @@ def worker_pool(body: Obj, spec: Obj, role: str) -> Obj:
             "spec": {"deployment": name, "role": role, "replicas": replicas, **fields,
                      "model": spec["model"], "image": spec["image"], "slos": spec["slos"],
                      "drainTimeoutSeconds": spec["router"]["drainTimeoutSeconds"],
-                     "routerUrl": router_url(name, spec),
+                     "routerUrl": router_url(name, settings),
                      "serviceMonitor": spec["monitoring"]["serviceMonitor"]}}
 
 
 def all_children(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
     """In creation order: workers first, then the router that places work on them, then the gateway in front."""
-    pools = [worker_pool(body, spec, role) for role in r.ROLES if role in spec["pools"]]
-    return [config_map(body, spec, settings), *pools, *router_objects(body, spec, settings),
-            *gateway_objects(body, spec, settings)]
+    pools = [worker_pool(body, spec, role, settings) for role in r.ROLES if role in spec["pools"]]
+    return [*pools, *router_objects(body, spec, settings), *gateway_objects(body, spec, settings)]

@@ -59,7 +59,8 @@ NODE_SELECTOR = {"type": "object", "additionalProperties": {"type": "string"},
                  "description": "Node labels the replicas must be scheduled on"}
 
 # Flags the operator sets on each worker itself; engineArgs may not override them.
-OWNED_ENGINE_FLAGS = ("model", "port", "role", "tensor-parallel-size", "served-model-name")
+OWNED_ENGINE_FLAGS = ("model", "port", "role", "served-model-name", "host", "metrics-port", "kv-transport",
+                      "drain-grace-seconds", "advertise-host", "worker-id")
 
 
 def scale_direction(up: bool) -> Schema:
@@ -109,7 +110,9 @@ def worker_fields() -> dict[str, Schema]:
     return {
         "resources": RESOURCES,
         "gpus": integer("GPUs per replica (nvidia.com/gpu); 0 runs on CPU", minimum=0, maximum=16, default=1),
-        "tensorParallelSize": integer("Tensor-parallel degree inside one replica", minimum=1, maximum=16, default=1),
+        "kvTransport": string("How decode workers pull KV blocks from prefill workers: nixl (UCX, RDMA where "
+                              "available) or grpc (block bytes over the workers' gRPC port)",
+                              enum=["nixl", "grpc"], default="nixl"),
         "nodeSelector": NODE_SELECTOR,
         "tolerations": {"type": "array", "items": TOLERATION, "maxItems": 32},
         "engineArgs": {"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 64,
@@ -126,8 +129,6 @@ REPLICA_RULES = [
     rule("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas"),
     rule("self.minReplicas > 0 || self.autoscaling.scaleToZero",
          "minReplicas may be 0 only with autoscaling.scaleToZero"),
-    rule("self.gpus == 0 ? self.tensorParallelSize == 1 : self.gpus % self.tensorParallelSize == 0",
-         "gpus must be a multiple of tensorParallelSize (0 gpus allows only tensorParallelSize 1)"),
 ]
 
 
@@ -153,13 +154,13 @@ def model() -> Schema:
         "revision": string("Hugging Face revision (branch, tag or commit)", maxLength=100),
         "pvc": obj({"claimName": string("PersistentVolumeClaim holding the checkpoint", minLength=1),
                     "path": string("Checkpoint folder inside the claim", default="/")}, required=["claimName"]),
-        "uri": string("Checkpoint URI (s3://, gs://, https://)", pattern=r"^(s3|gs|https)://.+"),
         "servedModelName": string("Name clients use in requests; defaults to the deployment's name", maxLength=200),
         "tokenSecretRef": obj({"name": string("Secret name", minLength=1),
                                "key": string("Key in the Secret", default="token")}, required=["name"],
-                              description="Secret with a hub or object-store token, mounted as an env var"),
-    }, oneOf=[{"required": ["huggingFace"]}, {"required": ["pvc"]}, {"required": ["uri"]}],
-        description="Where the weights come from: exactly one of huggingFace, pvc, uri")
+                              description="Secret with a Hugging Face token, set as HF_TOKEN"),
+    }, oneOf=[{"required": ["huggingFace"]}, {"required": ["pvc"]}],
+        description="Where the weights come from: exactly one of huggingFace (downloaded by an init container) or "
+                    "pvc")
 
 
 def images() -> Schema:
@@ -172,10 +173,10 @@ def images() -> Schema:
     }, required=["worker"])
 
 
-def service_component(name: str, port: int, **more: Schema) -> Schema:
+def service_component(name: str, port: int, protocol: str, **more: Schema) -> Schema:
     return obj({
         "replicas": integer(f"{name} replicas", minimum=1, maximum=100, default=2 if name == "gateway" else 1),
-        "port": integer(f"{name} HTTP port", minimum=1024, maximum=65535, default=port),
+        "port": integer(f"{name} {protocol} port", minimum=1024, maximum=65535, default=port),
         "resources": RESOURCES, **more,
     }, default={})
 
@@ -184,8 +185,10 @@ def slos() -> Schema:
     return {"type": "array", "maxItems": 16,
             "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["priority"],
             "description": "Latency targets per request priority",
-            "default": [{"priority": "default", "ttftMillis": 2000, "tpotMillis": 100}],
-            "items": obj({"priority": string("Priority class name", pattern=r"^[a-z][a-z0-9-]{0,31}$"),
+            "default": [{"priority": 0, "ttftMillis": 2000, "tpotMillis": 100}],
+            "items": obj({"priority": integer("Request priority (the gateway's `priority` field; higher is more "
+                                              "urgent); a priority without a target uses the nearest lower one's",
+                                              minimum=-1000, maximum=1000),
                           "ttftMillis": integer("Time-to-first-token target", minimum=1, maximum=600000),
                           "tpotMillis": integer("Time-per-output-token target", minimum=1, maximum=60000)},
                          required=["priority", "ttftMillis", "tpotMillis"])}
@@ -210,11 +213,15 @@ def deployment_spec() -> Schema:
     return obj({
         "model": model(),
         "image": images(),
-        "gateway": service_component("gateway", 8000, serviceType=string(
-            "How the OpenAI endpoint is exposed", enum=["ClusterIP", "NodePort", "LoadBalancer"], default="ClusterIP")),
-        "router": service_component("router", 8001, policy=string(
-            "How requests are placed on workers", enum=["prefix-aware", "least-loaded", "round-robin"],
-            default="prefix-aware"), drainTimeoutSeconds=integer(
+        "gateway": service_component("gateway", 8000, "HTTP (OpenAI API, /metrics, probes)", serviceType=string(
+            "How the OpenAI endpoint is exposed", enum=["ClusterIP", "NodePort", "LoadBalancer"], default="ClusterIP"),
+            apiKeysSecretRef=obj({"name": string("Secret name", minLength=1),
+                                  "key": string("Key holding the tenants/keys YAML", default="keys.yaml")},
+                                 required=["name"], description="Secret with the gateway's tenants and API keys "
+                                 "(--api-keys-file); unset serves everyone as the default tenant (--no-auth)")),
+        "router": service_component("router", 8001, "gRPC", policy=string(
+            "How requests are placed on workers: prefix-aware scores cached prefixes and load; least-loaded only "
+            "load", enum=["prefix-aware", "least-loaded"], default="prefix-aware"), drainTimeoutSeconds=integer(
             "How long a worker may take to finish in-flight work before it stops", minimum=5, maximum=3600,
             default=120)),
         "slos": slos(),

@@ -1,5 +1,7 @@
 """Scale-down without dropping work: pick the pods to remove, tell the router to stop sending them work, and mark
-them so that the ReplicaSet removes exactly those. Their preStop hook and SIGTERM drain finish in-flight requests."""
+them so that the ReplicaSet removes exactly those. Their SIGTERM drain then finishes in-flight requests.
+
+Workers run with --worker-id set to their pod name (operators/workers.py), so the router's drain takes pod names."""
 from __future__ import annotations
 
 import logging
@@ -36,11 +38,11 @@ async def drain(kube: Kube, session: aiohttp.ClientSession, pool: Obj, selector:
     for name in victims:
         await kube.patch("Pod", namespace, name, {"metadata": {"annotations": {r.POD_DELETION_COST: r.DRAINED_COST}}})
     if victims and spec.get("routerUrl"):
-        body = {"pool": pool["metadata"]["name"], "pods": victims, "timeoutSeconds": spec["drainTimeoutSeconds"]}
+        body = {"worker_ids": victims}
         try:
             async with session.post(spec["routerUrl"].rstrip("/") + drain_path, json=body) as response:
                 response.raise_for_status()
         except (aiohttp.ClientError, TimeoutError) as e:
-            # Not fatal: each worker's preStop drains it too; the router only learns of it later.
+            # Not fatal: the router also stops placing on a terminating endpoint once the pod is deleted.
             log.warning("router drain of %s failed: %s", victims, e)
     return victims

@@ -93,7 +93,8 @@ async def delete_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     for kind, child in [("Deployment", r.gateway_name(name)), ("Service", r.gateway_name(name)),
                         ("PodDisruptionBudget", r.gateway_name(name)), ("Deployment", r.router_name(name)),
                         ("Service", r.router_name(name)), ("PodDisruptionBudget", r.router_name(name)),
-                        ("ConfigMap", r.config_name(name))] + [(r.POOL_KIND, r.pool_name(name, x)) for x in r.ROLES]:
+                        ("RoleBinding", r.router_name(name)), ("Role", r.router_name(name)),
+                        ("ServiceAccount", r.router_name(name))] + [(r.POOL_KIND, r.pool_name(name, x)) for x in r.ROLES]:
         await memo.kube.delete(kind, namespace, child)
 
 

@@ -33,8 +33,10 @@ class Kind:
 
 
 KINDS = {
-    "ConfigMap": Kind("v1", "configmaps"),
     "Service": Kind("v1", "services"),
+    "ServiceAccount": Kind("v1", "serviceaccounts"),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "Pod": Kind("v1", "pods"),
     "Deployment": Kind("apps/v1", "deployments"),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),

@@ -30,14 +30,22 @@ def http_probe(path: str, period: int, failures: int = 3) -> Obj:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
 
 
-def container(name: str, image: str, pull_policy: str, args: list[str], port: int, resources: Obj) -> Obj:
+def container(name: str, image: str, pull_policy: str, args: list[str], ports: dict[str, int],
+              resources: Obj) -> Obj:
+    """`ports` must name an "http" port: every Baton service serves /health, /ready and /metrics there (workers
+    and routers on --metrics-port, the gateway on its API port). /ready turns 503 while a process drains."""
     return {
         "name": name, "image": image, "imagePullPolicy": pull_policy, "args": args,
-        "ports": [{"name": "http", "containerPort": port}],
-        "readinessProbe": http_probe("/health", 5), "livenessProbe": http_probe("/health", 15, failures=4),
+        "ports": [{"name": port_name, "containerPort": port} for port_name, port in ports.items()],
+        "readinessProbe": http_probe("/ready", 5), "livenessProbe": http_probe("/health", 15, failures=4),
         "resources": resources, "securityContext": RESTRICTED_CONTAINER,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
+
+
+def field_env(name: str, field_path: str) -> Obj:
+    """An env var from the downward API (the pod's name or IP)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
 def deployment(meta: Obj, selector: dict[str, str], replicas: int, pod: Obj, labels: dict[str, str]) -> Obj:
@@ -48,9 +56,11 @@ def deployment(meta: Obj, selector: dict[str, str], replicas: int, pod: Obj, lab
                      "template": {"metadata": {"labels": labels}, "spec": pod}}}
 
 
-def service(meta: Obj, selector: dict[str, str], port: int, kind: str = "ClusterIP", headless: bool = False) -> Obj:
+def service(meta: Obj, selector: dict[str, str], ports: dict[str, int], kind: str = "ClusterIP",
+            headless: bool = False) -> Obj:
     spec: Obj = {"type": kind, "selector": selector,
-                 "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}
+                 "ports": [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+                           for name, port in ports.items()]}
     if headless:
         spec["clusterIP"] = "None"
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}

@@ -43,10 +43,6 @@ def gateway_name(deployment: str) -> str:
     return f"{deployment}-gateway"
 
 
-def config_name(deployment: str) -> str:
-    return f"{deployment}-config"
-
-
 def common_labels(deployment: str, component: str) -> dict[str, str]:
     return {
         LABEL_NAME: "baton",

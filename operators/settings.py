@@ -13,12 +13,15 @@ class OperatorSettings(BatonSettings):
     prometheus_url: str | None = Field(
         None, description="Prometheus HTTP API for autoscaler signals; unset reads each router's stats endpoint")
     router_stats_path: str = Field("/stats", description="Path of the router's JSON stats endpoint")
-    router_drain_path: str = Field("/admin/drain", description="Path of the router's drain endpoint")
+    router_drain_path: str = Field("/admin/drain", description="Path of the router's drain endpoint (POST)")
     signal_timeout_seconds: float = Field(2.0, gt=0, le=60, description="Timeout of one signal or drain request")
     router_image: str = Field("ghcr.io/baton-serving/baton-router:0.1.0",
                               description="Router image for deployments that name none")
     gateway_image: str = Field("ghcr.io/baton-serving/baton-gateway:0.1.0",
                                description="Gateway image for deployments that name none")
-    worker_port: int = Field(8100, ge=1024, le=65535, description="Port the workers serve HTTP and /metrics on")
+    worker_port: int = Field(8100, ge=1024, le=65535,
+                             description="Workers' gRPC port (NIXL listens on the next one)")
+    probe_port: int = Field(9100, ge=1024, le=65535, description="Port of the workers' and routers' HTTP server: "
+                            "/metrics, /health, /ready, and the router's /stats and /admin/drain")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Port of the operator's /metrics; 0 disables it")
     health_port: int = Field(8080, ge=0, le=65535, description="Port of the operator's /healthz; 0 disables it")

@@ -5,10 +5,13 @@ from typing import Any
 
 from baton.operators import podspec
 from baton.operators import resources as r
+from baton.operators.model_source import ModelMount, model_mount
 from baton.operators.settings import OperatorSettings
 
 Obj = dict[str, Any]
-MODEL_DIR = "/models"
+# Long enough for the router's EndpointSlice watch to see the pod terminating (and stop placing on it) before
+# SIGTERM makes the worker refuse new work; the worker then drains its in-flight requests itself.
+PRE_STOP_SLEEP_S = 5
 
 
 def pool_labels(body: Obj) -> tuple[dict[str, str], dict[str, str]]:
@@ -25,48 +28,47 @@ def selector_string(body: Obj) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(pool_labels(body)[1].items()))
 
 
-def _model_args(model: Obj) -> tuple[list[str], list[Obj], list[Obj]]:
-    """(engine flags, volumes, volume mounts) for the model source."""
-    if "pvc" in model:
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": model["pvc"]["claimName"], "readOnly": True}}
-        path = f"{MODEL_DIR}/{model['pvc']['path'].strip('/')}".rstrip("/")
-        return ["--model", path], [volume], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}]
-    args = ["--model", model.get("huggingFace") or model["uri"]]
-    if model.get("revision"):
-        args += ["--revision", model["revision"]]
-    return args, [], []
+def served_model_name(deployment: str, model: Obj) -> str:
+    """The name clients, the router's prefix hashes and the workers all use; one value for the whole deployment."""
+    return model.get("servedModelName") or deployment
 
 
-def _worker_container(body: Obj, settings: OperatorSettings) -> tuple[Obj, list[Obj]]:
-    spec, name = body["spec"], body["spec"]["deployment"]
-    model_args, volumes, mounts = _model_args(spec["model"])
-    args = ["worker", "--role", spec["role"], "--port", str(settings.worker_port), *model_args,
-            "--served-model-name", spec["model"].get("servedModelName") or name,
-            "--tensor-parallel-size", str(spec["tensorParallelSize"])]
+def worker_args(spec: Obj, settings: OperatorSettings, model_path: str) -> list[str]:
+    """`baton worker` flags; the pod's IP and name come in as BATON_ADVERTISE_HOST and BATON_WORKER_ID."""
+    args = ["worker", "--role", spec["role"], "--host", "0.0.0.0", "--port", str(settings.worker_port),
+            "--metrics-port", str(settings.probe_port), "--kv-transport", spec["kvTransport"],
+            "--model", model_path, "--served-model-name", served_model_name(spec["deployment"], spec["model"]),
+            "--drain-grace-seconds", str(spec["drainTimeoutSeconds"])]
     for flag, value in sorted(spec.get("engineArgs", {}).items()):
         args += [f"--{flag}", value]
+    return args
+
+
+def _worker_container(body: Obj, settings: OperatorSettings) -> tuple[Obj, ModelMount]:
+    spec = body["spec"]
+    source = model_mount(spec["model"], spec["image"]["worker"], spec["image"]["pullPolicy"])
     resources = {k: dict(v) for k, v in spec.get("resources", {}).items()}
     if spec["gpus"]:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = spec["gpus"]
-    box = podspec.container("worker", spec["image"]["worker"], spec["image"]["pullPolicy"], args,
-                            settings.worker_port, resources)
-    box["volumeMounts"] += mounts + [{"name": "cache", "mountPath": "/cache"}]
-    box["env"] = [{"name": "HF_HOME", "value": "/cache"}]
-    secret = spec["model"].get("tokenSecretRef")
-    if secret:
-        box["env"].append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret["name"],
-                                                                            "key": secret["key"]}}})
-    # preStop asks the worker to stop taking work; SIGTERM then waits for in-flight requests to finish.
-    box["lifecycle"] = {"preStop": {"httpGet": {"path": "/admin/drain", "port": "http"}}}
-    return box, volumes + [{"name": "cache", "emptyDir": {}}]
+    box = podspec.container("worker", spec["image"]["worker"], spec["image"]["pullPolicy"],
+                            worker_args(spec, settings, source.path),
+                            {"grpc": settings.worker_port, "http": settings.probe_port}, resources)
+    box["volumeMounts"] += source.mounts
+    # The worker id is the pod name, so the operator's drain (which picks pods) names workers the router knows.
+    box["env"] = [podspec.field_env("BATON_ADVERTISE_HOST", "status.podIP"),
+                  podspec.field_env("BATON_WORKER_ID", "metadata.name"), *source.env]
+    box["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_S)]}}}
+    return box, source
 
 
 def worker_deployment(body: Obj, settings: OperatorSettings) -> Obj:
     spec = body["spec"]
     labels, selector = pool_labels(body)
-    box, volumes = _worker_container(body, settings)
-    pod: Obj = {"containers": [box], "volumes": volumes,
-                "terminationGracePeriodSeconds": spec["drainTimeoutSeconds"] + 10}
+    box, source = _worker_container(body, settings)
+    pod: Obj = {"containers": [box], "volumes": source.volumes,
+                "terminationGracePeriodSeconds": spec["drainTimeoutSeconds"] + PRE_STOP_SLEEP_S + 10}
+    if source.init_containers:
+        pod["initContainers"] = source.init_containers
     if spec.get("nodeSelector"):
         pod["nodeSelector"] = spec["nodeSelector"]
     if spec.get("tolerations"):
@@ -82,7 +84,8 @@ def pool_objects(body: Obj, settings: OperatorSettings, monitors: bool) -> list[
     labels, selector = pool_labels(body)
     name = body["metadata"]["name"]
     objects = [worker_deployment(body, settings),
-               podspec.service(podspec.metadata(body, name, labels), selector, settings.worker_port, headless=True),
+               podspec.service(podspec.metadata(body, name, labels), selector,
+                               {"grpc": settings.worker_port, "http": settings.probe_port}, headless=True),
                podspec.disruption_budget(podspec.metadata(body, name, labels), selector)]
     if monitors and body["spec"]["serviceMonitor"]:
         objects.append(podspec.service_monitor(podspec.metadata(body, name, labels), selector))

@@ -50,7 +50,7 @@ async def observe(kube: Kube, body: Obj) -> Obj:
 async def fetch_signals(source: SignalSource, body: Obj) -> Signals:
     spec = body["spec"]
     meta = body["metadata"]
-    ref = PoolRef(meta["namespace"], meta["name"], spec["deployment"], spec.get("routerUrl", ""))
+    ref = PoolRef(meta["namespace"], meta["name"], spec["deployment"], spec.get("routerUrl", ""), spec["role"])
     try:
         return await source.fetch(ref)
     except Exception as e:  # noqa: BLE001 - any failure of a signal source means "no signals", never a crash

@@ -1,8 +1,11 @@
 """Where a pool's load comes from: Prometheus when configured, else the router's JSON stats endpoint.
 
-The router's endpoint (GET {routerUrl}{--router-stats-path}) answers
-    {"pools": {"<WorkerPool name>": {"queue_time_p95_s": 0.2, "kv_cache_usage": 0.7, ...}}}
-with any subset of the `Signals` field names per pool; unknown fields are ignored.
+The router's endpoint (GET {routerUrl}{--router-stats-path}, baton.services.router.server.stats_json) answers
+    {"pools": {"prefill": {"workers": 2, "queued_prefill_tokens": 900, "inflight_requests": 7,
+                           "mean_kv_utilization": 0.4, "saturated": 0}, "decode": {...}, "mixed": {...}},
+     "queued_requests": 3, "leases": 12}
+A router serves one BatonDeployment, so a pool is found by its role. Only the load signals the router knows come
+from it (KV usage, running and waiting requests); the rate and latency signals need Prometheus.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ FIELDS = {f.name for f in dataclasses.fields(Signals)}
 # One instant query per signal. {pool} selects the pool's workers, {deployment} the whole BatonDeployment
 # (gateway metrics carry no pool); the labels come from the ServiceMonitor/PodMonitor relabelings.
 PROMQL = {
+    # The router's admission queue: requests wait there when no worker has room (it has no per-pool split).
     "queue_time_p95_s":
-        "histogram_quantile(0.95, sum by (le) (rate(baton_request_queue_time_seconds_bucket{{{pool}}}[2m])))",
-    "prompt_tokens_per_s": "sum(rate(baton_prompt_tokens_total{{{pool}}}[2m]))",
+        "histogram_quantile(0.95, sum by (le) (rate(baton_router_queue_time_seconds_bucket{{{deployment}}}[2m])))",
+    "prompt_tokens_per_s": "sum(rate(baton_prompt_tokens_computed_total{{{pool}}}[2m]))",
     "prefill_capacity_tokens_per_s":
-        "max_over_time((sum(rate(baton_prompt_tokens_total{{{pool}}}[1m]))"
+        "max_over_time((sum(rate(baton_prompt_tokens_computed_total{{{pool}}}[1m]))"
         " / count(baton_num_requests_running{{{pool}}}))[1h:1m])",
     "kv_cache_usage": "avg(baton_kv_cache_usage_perc{{{pool}}})",
     "tpot_attainment":
@@ -44,6 +48,7 @@ class PoolRef:
     name: str
     deployment: str
     router_url: str
+    role: str
 
 
 class SignalSource(Protocol):
@@ -62,7 +67,18 @@ class RouterStatsSource:
         async with self.session.get(pool.router_url.rstrip("/") + self.path) as response:
             response.raise_for_status()
             stats = await response.json()
-        return signals_from(stats.get("pools", {}).get(pool.name, {}))
+        return router_signals(stats, pool.role)
+
+
+def router_signals(stats: dict[str, Any], role: str) -> Signals:
+    """The router's /stats JSON -> the role's Signals. Requests the router holds count as waiting for every pool:
+    a queued request waits for whichever pool lacks room, and a pool at zero replicas must wake for them."""
+    pool = stats.get("pools", {}).get(role)
+    if pool is None:
+        return Signals()
+    return signals_from({"kv_cache_usage": pool.get("mean_kv_utilization"),
+                         "running_requests": pool.get("inflight_requests"),
+                         "waiting_requests": stats.get("queued_requests")})
 
 
 def promql(pool: PoolRef) -> dict[str, str]:

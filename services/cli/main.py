@@ -6,21 +6,34 @@ import importlib
 import logging
 import sys
 
-# Module names under baton.services.cli; each defines register(subparsers) and sets a `func` default.
-SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router", "gateway", "serve")
+# Module names under baton.services.cli (the command is the name with '-' for '_'); each defines
+# register(subparsers) and sets a `func` default.
+SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router", "gateway", "serve",
+                      "loadtest")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser for every subcommand, or for `only` one: some modules import torch and transformers, which
+    a router or gateway process should not wait seconds for."""
     parser = argparse.ArgumentParser(prog="baton", description="Baton: disaggregated LLM serving")
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
+    for name in SUBCOMMAND_MODULES if only is None else (only,):
         importlib.import_module(f"baton.services.cli.{name}").register(subparsers)
     return parser
 
 
+def _requested(argv: list[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--log-level")
+    _, rest = pre.parse_known_args(argv)
+    name = rest[0].replace("-", "_") if rest else None
+    return name if name in SUBCOMMAND_MODULES else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_requested(argv)).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)
 

@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-keys-file", default=None, help="require API keys from this file [default: no auth]")
     parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for every worker, e.g. --worker-arg=--num-kv-blocks=512 (repeatable)")
+    parser.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument for the router, e.g. --router-arg=--queue-max-size=0 (repeatable)")
     parser.set_defaults(func=run)
 
 
@@ -60,7 +62,7 @@ def _start_stack(args: argparse.Namespace, model: str, name: str, started: list[
     workers = _start_workers(args, model, name, started)
     router = launch_service("router", [
         "router", "--port", str(free_port()), "--metrics-port", str(free_port()), "--model", name,
-        "--workers", ",".join(w.address for w in workers)])
+        "--workers", ",".join(w.address for w in workers), *args.router_arg])
     started.insert(0, router)
     router.wait_ready()
     auth = ["--api-keys-file", args.api_keys_file] if args.api_keys_file else ["--no-auth"]

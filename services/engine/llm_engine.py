@@ -150,6 +150,15 @@ class LLMEngine:
         self.scheduler.add_running(seq)
         return self._append(seq, first_token, first_logprobs)
 
+    def park_reserved(self, request_id: str) -> str:
+        """Moves a reservation out of its request's way, its blocks still taken (a late write may still land in
+        them); returns the key that release_kv frees them by."""
+        seq = self.reserved.pop(request_id)
+        self._forget(seq)
+        key = f"{request_id}#parked"
+        self.reserved[key] = seq
+        return key
+
     def release_kv(self, request_id: str) -> bool:
         """Prefill side: the decode worker has its copy (or the lease ran out); the held blocks go back."""
         seq = self.held.pop(request_id, None) or self.reserved.pop(request_id, None)

@@ -1,6 +1,6 @@
 """Iteration-level continuous batching under one token budget per step.
 
-Each step first advances running sequences (decodes and unfinished prefill chunks), preempting by recompute
+Each step first advances running sequences (decodes, then unfinished prefill chunks), preempting by recompute
 when blocks run out, then admits waiting sequences, highest priority first and FCFS within a priority.
 """
 from __future__ import annotations
@@ -78,22 +78,28 @@ class Scheduler:
         return scheduled
 
     def _schedule_running(self, scheduled: list[ScheduledSeq], budget: int) -> bool:
-        """Serves running sequences best-first; victims come from the tail, which this step has not reached."""
+        """Serves running sequences, decodes before prefill chunks (each best-first), so a long prompt's chunk
+        never takes the budget from streams already generating. Victims of preemption come from the tail of the
+        running list and are never sequences already scheduled this step."""
         self.running.sort(key=Sequence.sort_key)
+        order = sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1)
+        taken: set[int] = set()
         preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.status != Status.RUNNING:  # preempted earlier in this step
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n) and seq.status == Status.RUNNING:
-                self._preempt(self.running[-1])
+                self._preempt(next(s for s in reversed(self.running) if id(s) not in taken))
                 preempted = True
             if seq.status != Status.RUNNING:
-                break
+                continue
             self.blocks.grow(seq, seq.num_computed_tokens + n)
             scheduled.append(ScheduledSeq(seq, n))
+            taken.add(id(seq))
             budget -= n
-            i += 1
         return preempted
 
     def _schedule_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from transformers import PreTrainedTokenizerBase
 
@@ -51,6 +51,10 @@ def _schema(model: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
+# A completion answers with JSON, or with server-sent events when the request streams.
+_BODIES: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+
+
 def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="Baton gateway", description="OpenAI-compatible API for Baton")
     install_handlers(app)
@@ -71,15 +75,15 @@ def create_app(gateway: Gateway) -> FastAPI:
             return error_response(503, "gateway is draining", "service_unavailable")
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # documented as the text it is, not JSON
     async def metrics() -> Response:
         return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest))
+    @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest), responses=_BODIES)
     async def completions(request: Request) -> Response:
         return await _serve(gateway, serving, request, "/v1/completions")
 
-    @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest))
+    @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest), responses=_BODIES)
     async def chat_completions(request: Request) -> Response:
         return await _serve(gateway, serving, request, "/v1/chat/completions")
 

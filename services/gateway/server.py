@@ -17,6 +17,7 @@ from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits import RateLimiter
 from baton.services.gateway.tenants import KeyStore
+from baton.services.common.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def build_gateway(config: GatewayConfig) -> Gateway:
 
 
 async def serve(config: GatewayConfig) -> int:
+    setup_tracing("baton-gateway")
     gateway = build_gateway(config)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

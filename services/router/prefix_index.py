@@ -8,13 +8,21 @@ Two sources feed it, chosen per worker:
   and each worker keeps at most a bounded number (least recently routed dropped first), because the router cannot
   see the worker's evictions and must not believe in blocks that are long gone.
 
+Placements onto a worker whose events are live only go to a bounded journal (one array per placement): its entries
+would not be consulted, and keeping them indexed cost most of a decision. Should the stream drop, the journal is
+replayed into the approximate index, so the worker is answered as if its placements had been recorded all along.
+
+Each hash's holders are an int bitmask over worker slots rather than a set of ids: millions of small sets made
+every full garbage collection walk them all (pauses of hundreds of milliseconds), and ints are not GC-tracked.
+
 Hashes come from baton.services.engine.block_hash (the caller computes them with the tenant's salt), so the index
 only ever compares opaque 64-bit keys.
 """
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
+from array import array
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,18 +42,84 @@ class _ExactState:
     hashes: set[int] = field(default_factory=set)
 
 
+class _Journal:
+    """Recent placements onto a worker with live events, oldest first, holding about as many blocks as its
+    approximate entries may (a hash routed twice counts twice, so a replay can hold slightly fewer)."""
+
+    def __init__(self) -> None:
+        self.placements: deque[tuple[float, array]] = deque()
+        self.blocks = 0
+
+    def append(self, now: float, hashes: Sequence[int], max_blocks: int, cutoff: float) -> None:
+        self.placements.append((now, array("Q", hashes)))
+        self.blocks += len(hashes)
+        placements = self.placements
+        while len(placements) > 1:
+            touched, oldest = placements[0]
+            if touched > cutoff and self.blocks - len(oldest) < max_blocks:
+                break
+            placements.popleft()
+            self.blocks -= len(oldest)
+
+
+class _Slots:
+    """Worker id <-> bit position in the holder masks; freed positions are reused so masks stay small."""
+
+    def __init__(self) -> None:
+        self._bits: dict[str, int] = {}
+        self.ids: list[str | None] = []
+        self._free: list[int] = []
+
+    def bit(self, worker_id: str) -> int:
+        bit = self._bits.get(worker_id)
+        if bit is None:
+            if self._free:
+                slot = self._free.pop()
+                self.ids[slot] = worker_id
+            else:
+                slot = len(self.ids)
+                self.ids.append(worker_id)
+            bit = self._bits[worker_id] = 1 << slot
+        return bit
+
+    def release(self, worker_id: str) -> None:
+        bit = self._bits.pop(worker_id, None)
+        if bit is not None:
+            slot = bit.bit_length() - 1
+            self.ids[slot] = None
+            self._free.append(slot)
+
+
+def _set_bit(holders: dict[int, int], hashes: Iterable[int], bit: int) -> None:
+    get = holders.get
+    for h in hashes:
+        holders[h] = get(h, 0) | bit
+
+
+def _clear_bit(holders: dict[int, int], hashes: Iterable[int], bit: int) -> None:
+    for h in hashes:
+        mask = holders.get(h, 0) & ~bit
+        if mask:
+            holders[h] = mask
+        else:
+            holders.pop(h, None)
+
+
 class PrefixIndex:
     def __init__(self, approx_ttl_s: float, approx_max_blocks_per_worker: int,
                  clock: Callable[[], float]) -> None:
         self.approx_ttl_s = approx_ttl_s
         self.approx_max_blocks_per_worker = approx_max_blocks_per_worker
         self._clock = clock
+        self._slots = _Slots()
         self._exact: dict[str, _ExactState] = {}
-        self._exact_holders: dict[int, set[str]] = {}
-        # Per worker: hash -> time it was last routed there, least recent first.
+        self._exact_holders: dict[int, int] = {}
+        # Per worker: hash -> time it was last routed there, least recent first. Only workers in approximate mode
+        # have their bits in _approx_holders; the others keep their entries for when their events stop again.
         self._approx: dict[str, OrderedDict[int, float]] = {}
-        self._approx_holders: dict[int, set[str]] = {}
-        self._approx_mode: set[str] = set()
+        self._approx_holders: dict[int, int] = {}
+        self._approx_mask = 0  # bits of the workers answered from placements
+        self._journals: dict[str, _Journal] = {}
 
     # -- exact source -------------------------------------------------------------------------------------------
 
@@ -67,14 +141,13 @@ class PrefixIndex:
         return not state.needs_resync
 
     def _apply_one(self, worker_id: str, state: _ExactState, kind: EventKind, hashes: Sequence[int]) -> None:
+        bit = self._slots.bit(worker_id)
         if kind is EventKind.STORED:
-            for h in hashes:
-                state.hashes.add(h)
-                self._exact_holders.setdefault(h, set()).add(worker_id)
+            state.hashes.update(hashes)
+            _set_bit(self._exact_holders, hashes, bit)
         elif kind is EventKind.REMOVED:
-            for h in hashes:
-                state.hashes.discard(h)
-                _discard_holder(self._exact_holders, h, worker_id)
+            state.hashes.difference_update(hashes)
+            _clear_bit(self._exact_holders, hashes, bit)
         else:
             self._drop_exact_entries(worker_id, state)
 
@@ -82,15 +155,13 @@ class PrefixIndex:
         """Replaces the worker's entries with a baton.v1.KVSnapshot's; events after `sequence` apply next."""
         state = self._exact.setdefault(worker_id, _ExactState())
         self._drop_exact_entries(worker_id, state)
-        for h in hashes:
-            state.hashes.add(h)
-            self._exact_holders.setdefault(h, set()).add(worker_id)
+        state.hashes.update(hashes)
+        _set_bit(self._exact_holders, state.hashes, self._slots.bit(worker_id))
         state.last_sequence = sequence
         state.needs_resync = False
 
     def _drop_exact_entries(self, worker_id: str, state: _ExactState) -> None:
-        for h in state.hashes:
-            _discard_holder(self._exact_holders, h, worker_id)
+        _clear_bit(self._exact_holders, state.hashes, self._slots.bit(worker_id))
         state.hashes.clear()
 
     def needs_resync(self, worker_id: str) -> bool:
@@ -106,79 +177,96 @@ class PrefixIndex:
 
     def set_events_available(self, worker_id: str, available: bool) -> None:
         """Workers without a live event stream are answered from this router's placements instead."""
-        if available:
-            self._approx_mode.discard(worker_id)
-        else:
-            self._approx_mode.add(worker_id)
+        bit = self._slots.bit(worker_id)
+        in_approx = bool(self._approx_mask & bit)
+        if available and in_approx:
+            self._approx_mask &= ~bit
+            _clear_bit(self._approx_holders, self._approx.get(worker_id, ()), bit)
+        elif not available and not in_approx:
+            self._approx_mask |= bit
+            _set_bit(self._approx_holders, self._approx.get(worker_id, ()), bit)
+            journal = self._journals.pop(worker_id, None)
+            for touched, hashes in journal.placements if journal is not None else ():
+                self._record_approx(worker_id, bit, hashes, touched)
 
     def record_placement(self, worker_id: str, hashes: Sequence[int]) -> None:
         """The blocks of a prompt just routed to the worker, which will hold them once it has run the prefill."""
         now = self._clock()
-        entries = self._approx.setdefault(worker_id, OrderedDict())
+        bit = self._slots.bit(worker_id)
+        if self._approx_mask & bit:
+            self._record_approx(worker_id, bit, hashes, now)
+        else:
+            journal = self._journals.get(worker_id)
+            if journal is None:
+                journal = self._journals[worker_id] = _Journal()
+            journal.append(now, hashes, self.approx_max_blocks_per_worker, now - self.approx_ttl_s)
+
+    def _record_approx(self, worker_id: str, bit: int, hashes: Iterable[int], now: float) -> None:
+        entries = self._approx.get(worker_id)
+        if entries is None:
+            entries = self._approx[worker_id] = OrderedDict()
+        holders = self._approx_holders
         for h in hashes:
             if h in entries:
                 entries.move_to_end(h)
             else:
-                self._approx_holders.setdefault(h, set()).add(worker_id)
+                holders[h] = holders.get(h, 0) | bit
             entries[h] = now
         while len(entries) > self.approx_max_blocks_per_worker:
             h, _ = entries.popitem(last=False)
-            _discard_holder(self._approx_holders, h, worker_id)
+            _clear_bit(holders, (h,), bit)
 
     def _expire_approx(self, now: float) -> None:
         cutoff = now - self.approx_ttl_s
         for worker_id, entries in self._approx.items():
+            bit = self._slots.bit(worker_id)
+            if not self._approx_mask & bit:
+                continue  # not consulted; aged out when its events stop again
             while entries:
                 h, touched = next(iter(entries.items()))
                 if touched > cutoff:
                     break
                 entries.popitem(last=False)
-                _discard_holder(self._approx_holders, h, worker_id)
+                _clear_bit(self._approx_holders, (h,), bit)
 
     # -- membership and query -----------------------------------------------------------------------------------
 
     def remove_worker(self, worker_id: str) -> None:
+        bit = self._slots.bit(worker_id)
         state = self._exact.pop(worker_id, None)
         if state is not None:
             self._drop_exact_entries(worker_id, state)
-        for h in self._approx.pop(worker_id, OrderedDict()):
-            _discard_holder(self._approx_holders, h, worker_id)
-        self._approx_mode.discard(worker_id)
-
-    def _holders(self, h: int) -> set[str]:
-        exact = self._exact_holders.get(h, _EMPTY)
-        if not self._approx_mode:
-            return exact
-        approx = self._approx_holders.get(h, _EMPTY) & self._approx_mode
-        return (exact - self._approx_mode) | approx
+        entries = self._approx.pop(worker_id, ())
+        if self._approx_mask & bit:
+            _clear_bit(self._approx_holders, entries, bit)
+        self._approx_mask &= ~bit
+        self._journals.pop(worker_id, None)
+        self._slots.release(worker_id)
 
     def match_lengths(self, hashes: Sequence[int]) -> dict[str, int]:
         """For each worker holding the first block: how many leading blocks of `hashes` it holds."""
-        if self._approx_mode:
+        if self._approx_mask:
             self._expire_approx(self._clock())
         if not hashes:
             return {}
-        # Set intersections run in C; Python only touches a worker when its run of hits ends.
-        alive = set(self._holders(hashes[0]))
+        exact, approx, keep = self._exact_holders.get, self._approx_holders.get, ~self._approx_mask
+        alive = (exact(hashes[0], 0) & keep) | approx(hashes[0], 0)
         matched: dict[str, int] = {}
+        # One int AND per block; Python only touches a worker when its run of hits ends.
         for i in range(1, len(hashes)):
             if not alive:
-                break
-            still = alive & self._holders(hashes[i])
-            for worker_id in alive - still:
-                matched[worker_id] = i
-            alive = still
-        for worker_id in alive:
-            matched[worker_id] = len(hashes)
+                return matched
+            h = hashes[i]
+            still = alive & ((exact(h, 0) & keep) | approx(h, 0))
+            if still != alive:
+                self._name(matched, alive & ~still, i)
+                alive = still
+        self._name(matched, alive, len(hashes))
         return matched
 
-
-_EMPTY: frozenset = frozenset()
-
-
-def _discard_holder(holders: dict[int, set[str]], h: int, worker_id: str) -> None:
-    workers = holders.get(h)
-    if workers is not None:
-        workers.discard(worker_id)
-        if not workers:
-            del holders[h]
+    def _name(self, matched: dict[str, int], bits: int, length: int) -> None:
+        ids = self._slots.ids
+        while bits:
+            low = bits & -bits
+            matched[ids[low.bit_length() - 1]] = length
+            bits ^= low

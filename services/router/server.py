@@ -4,8 +4,10 @@ and a clean exit on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +22,7 @@ from baton.services.router.router import Router
 from baton.services.router.servicer import RouterServicer
 from baton.services.router.worker_feeds import FeedSet
 from baton.v1 import router_pb2_grpc
+from baton.services.common.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "baton.v1.Router"
@@ -31,7 +34,8 @@ class RouterServiceConfig(BatonSettings):
     port: int = Field(50061, ge=0, le=65535, description="gRPC port (0: any free port, printed at start)")
     advertise_host: str | None = Field(None, description="Host printed in the ready line (default: host)")
     metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="HTTP port for /metrics, /health and /ready (unset: no HTTP server)")
+        None, ge=0, le=65535, description="HTTP port for /metrics, /health, /ready, GET /stats and POST /admin/drain "
+                                          "(unset: no HTTP server)")
     workers: str | None = Field(None, description="Static workers, host:port,host:port (besides registrations)")
     kube_label_selector: str | None = Field(
         None, description="Find workers from the EndpointSlices with these labels (e.g. app=baton-worker)")
@@ -42,6 +46,23 @@ class RouterServiceConfig(BatonSettings):
     worker_rpc_timeout_s: float = Field(2.0, gt=0, description="Deadline of a GetStats or GetKVSnapshot call")
     tick_interval_s: float = Field(
         0.2, gt=0, description="Housekeeping period: expired leases, dropped workers, queue deadlines")
+
+
+def stats_json(router: Router) -> dict[str, Any]:
+    """GET /stats: the GetStats numbers as JSON, pools keyed by role name, for the operator's autoscaler."""
+    stats = router.stats()
+    return {"pools": {role.name.lower(): dataclasses.asdict(pool) for role, pool in stats.pools.items()},
+            "queued_requests": stats.queued_requests, "leases": stats.leases}
+
+
+def drain_json(router: Router, body: Any) -> dict[str, Any]:
+    """POST /admin/drain {"worker_ids": [...]}: Drain over HTTP, for the operator's scale-down."""
+    ids = body.get("worker_ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ValueError('expected {"worker_ids": ["<worker id>", ...]}')
+    unknown = router.drain(ids)
+    log.info("draining %s (asked over HTTP)", [w for w in ids if w not in unknown])
+    return {"unknown_worker_ids": unknown}
 
 
 async def _every(interval_s: float, fn) -> None:
@@ -64,6 +85,7 @@ def _config_poller(router: Router, watcher: ConfigWatcher):
 
 
 async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
+    setup_tracing("baton-router")
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
     # The callback only runs once a request has queued, by when `servicer` (bound late by the closure) exists.
@@ -78,7 +100,9 @@ async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
     stopping = asyncio.Event()
     probes = None
     if service.metrics_port is not None:
-        probes = serve_probes(service.host, service.metrics_port, registry, lambda: not stopping.is_set())
+        probes = serve_probes(service.host, service.metrics_port, registry, lambda: not stopping.is_set(),
+                              get_routes={"/stats": lambda: stats_json(router)},
+                              post_routes={"/admin/drain": lambda body: drain_json(router, body)})
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

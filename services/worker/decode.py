@@ -94,10 +94,23 @@ class DecodeSide:
                     "baton.blocks": len(blocks) - hits, "baton.blocks_cached": hits}):
                 await self._pull(request_id, handle, blocks, hits)
         except KVTransferError as e:
-            await self.loop.call(lambda eng: eng.release_kv(request_id))
+            await self._drop_reservation(request_id, e)
             return await self._fall_back(request_id, prompt, params, priority, cache_salt, handle, e)
         first = await self.loop.call(lambda e: e.commit_prefilled(request_id, first_token, first_logprob))
         return "transfer", first
+
+    async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
+        """Frees blocks reserved for a failed pull. A timed-out NIXL READ may still land later (the transfer is
+        one-sided and a stalled peer can resume), so those blocks stay out of use until the peer's lease is
+        surely over, rather than be handed to another request and overwritten."""
+        if error.reason == "timeout" and self.transport.name == "nixl":
+            delay = self.config.lease_seconds + self.config.transfer_timeout_seconds
+            log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read", request_id,
+                        delay)
+            key = await self.loop.call(lambda e: e.park_reserved(request_id))
+            asyncio.get_running_loop().call_later(delay, lambda: self.loop.submit(lambda e: e.release_kv(key)))
+            return
+        await self.loop.call(lambda e: e.release_kv(request_id))
 
     async def _reserve(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
                        cache_salt: str | None) -> tuple[list[int], int] | None:

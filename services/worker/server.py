@@ -23,12 +23,14 @@ from baton.services.worker.metrics import WorkerMetrics
 from baton.services.worker.prefill import PrefillSide
 from baton.services.worker.servicer import WorkerServicer
 from baton.v1 import worker_pb2_grpc
+from baton.services.common.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "baton.v1.Worker"
 
 
 async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
+    setup_tracing(f"baton-worker-{config.role}")
     engine = LLMEngine(engine_config)
     engine.blocks.record_events = True
     server = grpc.aio.server()

@@ -3,10 +3,11 @@ decode sides. Every refusal carries a message; every failure is logged once with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from opentelemetry import propagate, trace
@@ -17,6 +18,7 @@ from baton.services.worker.convert import logprob_from_proto, params_from_proto
 from baton.services.worker.decode import DecodeSide, HandleNotFound, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
+from baton.services.worker.kv_transfer.base import KVTransferError
 from baton.services.worker.prefill import PrefillSide, UnknownHandle
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -26,6 +28,11 @@ tracer = trace.get_tracer("baton.worker")
 ROLES = {"prefill": pb.ROLE_PREFILL, "decode": pb.ROLE_DECODE, "mixed": pb.ROLE_MIXED}
 EVENT_POLL_SECONDS = 0.05
 MAX_PROMPT_TOKENS = 1 << 20  # far past any context; guards the server against absurd messages
+PULL_BATCH = 64  # (layer, block) chunks copied per trip to a thread
+
+
+def _take(chunks: Iterator[pb.KVChunk], n: int) -> list[pb.KVChunk]:
+    return list(itertools.islice(chunks, n))
 
 
 def _trace_context(context: grpc.aio.ServicerContext):
@@ -134,10 +141,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this worker moves KV with {transport.name}")
         try:
             blocks = self.prefill_side.leased_blocks(request.request_id, list(request.block_ids))
+            chunks = transport.stream_blocks(blocks)
         except UnknownHandle as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        for chunk in transport.stream_blocks(blocks):
-            yield chunk
+        except KVTransferError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        while batch := await asyncio.to_thread(_take, chunks, PULL_BATCH):  # copies off the event loop
+            for chunk in batch:
+                yield chunk
         transport.record_notification(request.request_id.encode())
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.WorkerStats:

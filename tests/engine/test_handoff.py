@@ -64,3 +64,19 @@ def test_continuing_after_generated_tokens_matches(tiny_model_dirs):
         outs += engine.step()
     assert full[0][:7] + outs[-1].token_ids[7:] == full[0]
     assert outs[-1].token_ids == full[0]
+
+
+def test_parked_reservation_keeps_its_blocks_until_released(tiny_model_dirs):
+    """After a timed-out read, the reserved blocks stay taken (a late write may land) while the request itself
+    is recomputed under its own id."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    prompt = list(range(5, 45))
+    blocks, _ = engine.reserve_prefilled("r", prompt, params)
+    key = engine.park_reserved("r")
+    engine.add_request("r", prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks - len(blocks)
+    assert engine.release_kv(key)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

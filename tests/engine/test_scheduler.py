@@ -92,3 +92,14 @@ def test_remove_frees_blocks_of_waiting_and_running():
     s.remove(b)
     assert s.blocks.num_free_blocks == s.blocks.num_blocks
     assert not s.has_unfinished()
+
+
+def test_decodes_go_before_an_earlier_long_prefill():
+    """A long prompt ahead in FCFS order must not take the whole budget from streams already decoding."""
+    s = make(budget=32)
+    add(s, "a", 3, t=1)
+    add(s, "b", 3, t=2)
+    step(s)
+    add(s, "long", 200, t=0)  # arrived first (e.g. resumed after preemption), so it sorts ahead of a and b
+    assert step(s) == {"a": 1, "b": 1, "long": 30}
+    assert step(s) == {"a": 1, "b": 1, "long": 30}

@@ -22,7 +22,9 @@ NAMESPACE = "llm"
 RESOURCES = {
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
     "v1/events": {"kind": "Event", "namespaced": True},
-    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/serviceaccounts": {"kind": "ServiceAccount", "namespaced": True},
+    "rbac.authorization.k8s.io/v1/roles": {"kind": "Role", "namespaced": True},
+    "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding", "namespaced": True},
     "v1/services": {"kind": "Service", "namespaced": True},
     "v1/pods": {"kind": "Pod", "namespaced": True},
     "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": ["scale", "status"]},

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.asyncio
 SPEC = {
     "model": {"huggingFace": "Qwen/Qwen3-8B", "tokenSecretRef": {"name": "hf"}},
     "image": {"worker": "baton/worker:1"},
-    "slos": [{"priority": "interactive", "ttftMillis": 800, "tpotMillis": 40}],
-    "pools": {"prefill": {"minReplicas": 1, "maxReplicas": 4, "gpus": 2, "tensorParallelSize": 2},
+    "gateway": {"apiKeysSecretRef": {"name": "keys"}},
+    "slos": [{"priority": 0, "ttftMillis": 800, "tpotMillis": 40}, {"priority": -1, "ttftMillis": 5000,
+                                                                     "tpotMillis": 200}],
+    "pools": {"prefill": {"minReplicas": 1, "maxReplicas": 4, "gpus": 2, "kvTransport": "grpc"},
               "decode": {"minReplicas": 2, "maxReplicas": 6, "engineArgs": {"max-num-seqs": "64"},
                          "autoscaling": {"scaleUp": {"cooldownSeconds": 0}}}},
 }
@@ -33,6 +35,11 @@ def body(name: str = "qwen", spec: dict[str, Any] | None = None) -> dict[str, An
             "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}", "resourceVersion": "1",
                          "generation": 1},
             "spec": copy.deepcopy(spec or SPEC)}
+
+
+def flags(args: list[str], *names: str) -> list[str]:
+    """The value after each named flag."""
+    return [args[args.index(name) + 1] for name in names]
 
 
 async def create(op: Operator, obj: dict[str, Any]) -> None:
@@ -53,7 +60,8 @@ async def test_creating_a_deployment_makes_every_child(operator: Operator) -> No
     await create(operator, body())
     worker = await wait_for(operator, "Deployment", "qwen-decode")
     owner_of = lambda o: o["metadata"]["ownerReferences"][0]  # noqa: E731
-    for kind, name in [("ConfigMap", "qwen-config"), ("Deployment", "qwen-router"), ("Service", "qwen-router"),
+    for kind, name in [("ServiceAccount", "qwen-router"), ("Role", "qwen-router"), ("RoleBinding", "qwen-router"),
+                       ("Deployment", "qwen-router"), ("Service", "qwen-router"),
                        ("Deployment", "qwen-gateway"), ("Service", "qwen-gateway"),
                        ("PodDisruptionBudget", "qwen-gateway"), ("WorkerPool", "qwen-prefill"),
                        ("WorkerPool", "qwen-decode")]:
@@ -67,14 +75,27 @@ async def test_creating_a_deployment_makes_every_child(operator: Operator) -> No
     container = prefill["template"]["spec"]["containers"][0]
     assert prefill["replicas"] == 1 and container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert container["args"][:3] == ["worker", "--role", "prefill"]
-    assert ["--tensor-parallel-size", "2"] == container["args"][-2:]
+    assert flags(container["args"], "--kv-transport", "--served-model-name", "--metrics-port") == ["grpc", "qwen",
+                                                                                                 "9100"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
+    assert {"name": "BATON_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    assert prefill["template"]["spec"]["initContainers"][0]["command"][3] == "Qwen/Qwen3-8B"
     decode = worker["spec"]
     assert decode["replicas"] == 2 and "--max-num-seqs" in decode["template"]["spec"]["containers"][0]["args"]
-    assert decode["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["httpGet"]["path"] == "/admin/drain"
     router = (await wait_for(operator, "Deployment", "qwen-router"))["spec"]["template"]["spec"]
     assert router["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
-    assert (await wait_for(operator, "Service", "qwen-decode"))["spec"]["clusterIP"] == "None"
+    assert router["serviceAccountName"] == "qwen-router" and router["automountServiceAccountToken"] is True
+    assert flags(router["containers"][0]["args"], "--model", "--kube-label-selector") == [
+        "qwen", f"{r.LABEL_DEPLOYMENT}=qwen,{r.LABEL_ROLE}"]
+    gateway = (await wait_for(operator, "Deployment", "qwen-gateway"))["spec"]["template"]["spec"]["containers"][0]
+    assert flags(gateway["args"], "--router", "--served-model-name", "--slos") == [
+        "qwen-router:8001", "qwen", "0=800/40,-1=5000/200"]
+    assert "--api-keys-file=/etc/baton/keys/keys.yaml" in gateway["args"]
+    decode_service = await wait_for(operator, "Service", "qwen-decode")
+    assert decode_service["spec"]["clusterIP"] == "None"
+    assert [p["name"] for p in decode_service["spec"]["ports"]] == ["grpc", "http"]
+    pool = await wait_for(operator, "WorkerPool", "qwen-decode")
+    assert pool["spec"]["routerUrl"] == "http://qwen-router:9100"
 
 
 async def test_scale_subresource_reaches_the_deployment(operator: Operator) -> None:
@@ -113,7 +134,7 @@ async def test_delete_cleans_up_through_the_finalizer(operator: Operator) -> Non
     await operator.kube.delete(r.DEPLOYMENT_KIND, NAMESPACE, "qwen")
     async def gone() -> bool:
         names = [("Deployment", n) for n in ("qwen-router", "qwen-gateway", "qwen-prefill", "qwen-decode")]
-        names += [("WorkerPool", "qwen-prefill"), ("ConfigMap", "qwen-config"), (r.DEPLOYMENT_KIND, "qwen")]
+        names += [("WorkerPool", "qwen-prefill"), ("ServiceAccount", "qwen-router"), (r.DEPLOYMENT_KIND, "qwen")]
         return all([await operator.kube.get(kind, NAMESPACE, name) is None for kind, name in names])
     for _ in range(200):
         if await gone():
@@ -140,4 +161,4 @@ async def test_invalid_spec_is_degraded_and_makes_nothing(operator: Operator) ->
     degraded = next(c for c in bad["status"]["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
     assert "minReplicas must not exceed maxReplicas" in degraded["message"]
-    assert await operator.kube.get("ConfigMap", NAMESPACE, "bad-config") is None
+    assert await operator.kube.get("Deployment", NAMESPACE, "bad-router") is None

@@ -27,8 +27,8 @@ def edit(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
 
 SCHEMA_CASES = {
     "no model": edit(lambda s: s.pop("model")),
-    "two model sources": edit(lambda s: s["model"].update(uri="s3://bucket/model")),
-    "model uri with a bad scheme": edit(lambda s: s.update(model={"uri": "ftp://x/y"})),
+    "two model sources": edit(lambda s: s["model"].update(pvc={"claimName": "weights"})),
+    "model from an object store (no downloader)": edit(lambda s: s.update(model={"uri": "s3://bucket/model"})),
     "pvc without claim name": edit(lambda s: s.update(model={"pvc": {"path": "/m"}})),
     "no worker image": edit(lambda s: s["image"].pop("worker")),
     "decode without prefill and no mixed": edit(lambda s: s["pools"].pop("prefill")),
@@ -37,10 +37,12 @@ SCHEMA_CASES = {
     "replicas as a string": edit(lambda s: s["pools"]["decode"].update(maxReplicas="four")),
     "unknown autoscaling mode": edit(lambda s: s["pools"]["decode"].update(autoscaling={"mode": "turbo"})),
     "KV high mark above 100%": edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheHighPercent": 120})),
-    "SLO without TPOT": edit(lambda s: s.update(slos=[{"priority": "x", "ttftMillis": 100}])),
-    "SLO priority not a name": edit(lambda s: s.update(slos=[{"priority": "Hi There", "ttftMillis": 1,
-                                                              "tpotMillis": 1}])),
-    "unknown router policy": edit(lambda s: s.update(router={"policy": "random"})),
+    "SLO without TPOT": edit(lambda s: s.update(slos=[{"priority": 0, "ttftMillis": 100}])),
+    "SLO priority not a number (the gateway's priorities are integers)": edit(
+        lambda s: s.update(slos=[{"priority": "interactive", "ttftMillis": 1, "tpotMillis": 1}])),
+    "unknown router policy": edit(lambda s: s.update(router={"policy": "round-robin"})),
+    "unknown KV transport": edit(lambda s: s["pools"]["decode"].update(kvTransport="tcp")),
+    "API key secret without a name": edit(lambda s: s.update(gateway={"apiKeysSecretRef": {"key": "k"}})),
     "gateway port below 1024": edit(lambda s: s.update(gateway={"port": 80})),
     "toleration with a bad operator": edit(lambda s: s["pools"]["decode"].update(
         tolerations=[{"key": "gpu", "operator": "Matches"}])),
@@ -52,8 +54,6 @@ RULE_CASES = {
                       "minReplicas must not exceed maxReplicas"),
     "zero min without scale to zero": (edit(lambda s: s["pools"]["decode"].update(minReplicas=0)),
                                        "minReplicas may be 0 only with autoscaling.scaleToZero"),
-    "GPUs not a multiple of TP": (edit(lambda s: s["pools"]["decode"].update(gpus=3, tensorParallelSize=2)),
-                                  "gpus must be a multiple of tensorParallelSize"),
     "initial replicas above max": (edit(lambda s: s["pools"]["prefill"].update(replicas=9)),
                                    "replicas must lie within minReplicas..maxReplicas"),
     "KV low above high": (edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheLowPercent": 90})),
@@ -62,8 +62,11 @@ RULE_CASES = {
                                "engineArgs keys must be kebab-case"),
     "engine arg the operator owns": (edit(lambda s: s["pools"]["decode"].update(engineArgs={"model": "x"})),
                                      "engineArgs must not set flags the operator owns"),
-    "duplicate SLO priority": (edit(lambda s: s.update(slos=[{"priority": "a", "ttftMillis": 1, "tpotMillis": 1}] * 2)),
-                               "duplicate entries for priority = a"),
+    "engine arg the operator owns (the pod's identity)": (
+        edit(lambda s: s["pools"]["decode"].update(engineArgs={"worker-id": "x"})),
+        "engineArgs must not set flags the operator owns"),
+    "duplicate SLO priority": (edit(lambda s: s.update(slos=[{"priority": 1, "ttftMillis": 1, "tpotMillis": 1}] * 2)),
+                               "duplicate entries for priority = 1"),
 }
 
 

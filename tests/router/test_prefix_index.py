@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from baton.services.engine.block_hash import block_hashes
@@ -125,3 +127,49 @@ def test_tenant_salt_keeps_tenants_apart():
     index.apply_events("w", [ev(1, STORED, *block_hashes(tokens, 16, "m", cache_salt="tenant-a"))])
     assert index.match_lengths(block_hashes(tokens, 16, "m", cache_salt="tenant-a")) == {"w": 4}
     assert index.match_lengths(block_hashes(tokens, 16, "m", cache_salt="tenant-b")) == {}
+
+
+def test_placements_on_live_workers_are_replayed_when_their_events_stop():
+    index, clock = make(ttl=60.0, cap=3)
+    index.apply_events("w", [ev(1, STORED, 9)])
+    index.record_placement("w", [1, 2])
+    index.record_placement("w", [3, 4])
+    clock.advance(1)
+    index.record_placement("w", [5, 6])
+    assert index.match_lengths([5, 6]) == {}  # events are live: placements are not believed
+    index.set_events_available("w", False)
+    # As if recorded all along: bounded to the 3 most recently routed blocks, the event-fed block no longer used.
+    assert index.match_lengths([4, 5, 6]) == {"w": 3}
+    assert index.match_lengths([3]) == {} and index.match_lengths([9]) == {}
+    clock.advance(59.5)  # [4] was routed 60.5 s ago, [5, 6] 59.5 s ago
+    assert index.match_lengths([4]) == {} and index.match_lengths([5, 6]) == {"w": 2}
+
+
+def test_journal_drops_placements_past_the_ttl():
+    index, clock = make(ttl=10.0)
+    index.apply_events("w", [ev(1, STORED, 9)])
+    index.record_placement("w", [1])
+    clock.advance(11)
+    index.record_placement("w", [2])
+    index.set_events_available("w", False)
+    assert index.match_lengths([1]) == {} and index.match_lengths([2]) == {"w": 1}
+
+
+def test_entries_of_a_worker_back_on_events_return_when_they_stop_again():
+    index, _ = make()
+    index.set_events_available("w", False)
+    index.record_placement("w", [1, 2])
+    index.set_events_available("w", True)
+    assert index.match_lengths([1, 2]) == {}
+    index.set_events_available("w", False)
+    assert index.match_lengths([1, 2]) == {"w": 2}
+
+
+def test_holder_sets_are_invisible_to_the_garbage_collector():
+    # Millions of per-hash containers made every full collection walk them (pauses of hundreds of ms).
+    index, _ = make()
+    index.apply_events("w", [ev(1, STORED, *range(1, 1000))])
+    index.set_events_available("v", False)
+    index.record_placement("v", list(range(1, 1000)))
+    assert not any(gc.is_tracked(holders) for holders in index._exact_holders.values())
+    assert not any(gc.is_tracked(holders) for holders in index._approx_holders.values())

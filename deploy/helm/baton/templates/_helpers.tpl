@@ -78,8 +78,16 @@ seccompProfile:
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Each router gets a ServiceAccount and Role to watch its workers' EndpointSlices; Kubernetes lets the operator
+# grant only what it holds itself, hence the read access to endpointslices.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   # Pods are only labelled with a deletion cost before a drain; the operator never creates or deletes them.
   resources: ["pods"]

@@ -1,0 +1,113 @@
+"""A load test from end to end: the schedule for the chosen arrivals, the run, the statistics, the server's own
+histograms when asked, and the report (table on stdout, plots). `baton loadtest` is a thin shell around this."""
+from __future__ import annotations
+
+import argparse
+import itertools
+from dataclasses import dataclass, field
+
+from baton.loadtest import report
+from baton.loadtest.arrivals import gamma_arrivals, rescaled_trace_arrivals, trace_time_factor
+from baton.loadtest.prometheus import diff, histogram_quantile, scrape_histogram
+from baton.loadtest.runner import PromptOf, RunResult, Target, run_closed_loop, run_open_loop, schedule
+from baton.loadtest.scenarios import WorkloadSpec, iter_requests
+from baton.loadtest.stats import SLO, distserve_goodput, summarize
+from baton.loadtest.traces import TRACE_FILES
+
+SERVER_HISTOGRAMS = {"ttft_ms": "baton_gateway_time_to_first_token_seconds",
+                     "itl_ms": "baton_gateway_inter_token_latency_seconds"}
+
+
+@dataclass
+class LoadTest:
+    target: Target
+    spec: WorkloadSpec
+    duration_s: float
+    drain_timeout_s: float = 60.0
+    rate: float | None = None
+    concurrency: int | None = None
+    arrivals: str = "poisson"
+    burstiness: float = 1.0
+    slo: SLO = field(default_factory=SLO)
+    plots: str | None = None
+    server_metrics: str | None = None
+    show_progress: bool = True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, spec: WorkloadSpec, prompt_of: PromptOf) -> LoadTest:
+        arrivals = args.arrivals or ("trace" if spec.name in TRACE_FILES else "poisson")
+        if arrivals == "trace" and spec.name not in TRACE_FILES:
+            raise SystemExit("--arrivals trace needs a trace workload")
+        return cls(Target(args.url, args.model, args.api_key, prompt_of), spec, args.duration, args.drain_timeout,
+                   args.rate, args.concurrency, arrivals, args.burstiness, SLO(args.slo_ttft_ms, args.slo_tpot_ms),
+                   args.plots, args.server_metrics, not args.no_progress)
+
+    def _schedule(self, rate: float) -> tuple[list, dict]:
+        requests = iter_requests(self.spec)
+        if self.arrivals != "trace":
+            burstiness = self.burstiness if self.arrivals == "gamma" else 1.0
+            times = gamma_arrivals(rate, self.duration_s, burstiness, self.spec.seed)
+            return schedule(times, requests), {"arrivals": self.arrivals, "burstiness": burstiness}
+        # Enough trace rows to cover the run at this rate, with room for the trace's own bursts.
+        rows = list(itertools.islice(requests, int(rate * self.duration_s * 2) + 16))
+        trace_s = [r.trace_s for r in rows]
+        times = rescaled_trace_arrivals(trace_s, rate, self.duration_s)
+        return list(zip(times, rows)), {"arrivals": "trace", "trace_speedup": trace_time_factor(trace_s, rate),
+                                        "length_scale": self.spec.length_scale}
+
+    async def _run(self, rate: float | None) -> dict:
+        before = self._scrape()
+        if rate is not None:
+            plan, arrivals = self._schedule(rate)
+            result = await run_open_loop(self.target, plan, self.duration_s, self.drain_timeout_s,
+                                         self.show_progress)
+        else:
+            arrivals = {"arrivals": "closed-loop", "concurrency": self.concurrency}
+            result = await run_closed_loop(self.target, iter_requests(self.spec), self.concurrency or 1,
+                                           self.duration_s, self.drain_timeout_s, self.show_progress)
+        summary = summarize(result.results, result.duration_s, self.slo)
+        if before is not None:
+            summary["server"] = self._server_quantiles(before)
+        return {"rate": rate, "workload": self.spec.name, **arrivals, "scheduled": result.scheduled,
+                "summary": summary, "_result": result}
+
+    def _scrape(self) -> dict | None:
+        if not self.server_metrics:
+            return None
+        return {key: scrape_histogram(self.server_metrics, name) for key, name in SERVER_HISTOGRAMS.items()}
+
+    def _server_quantiles(self, before: dict) -> dict:
+        after = self._scrape() or {}
+        out = {}
+        for key, buckets in after.items():
+            run = diff(buckets, before[key])
+            out[key] = {f"p{round(q * 100)}": _ms(histogram_quantile(q, run)) for q in (0.5, 0.9, 0.99)}
+        return out
+
+    async def single(self) -> dict:
+        point = await self._run(self.rate)
+        result: RunResult = point.pop("_result")
+        load = f"rate={self.rate:g}/s" if self.rate is not None else f"concurrency={self.concurrency}"
+        print(report.table(point["summary"], f"baton loadtest: {self.spec.name}, {load}, {self.arrivals}"))
+        if "server" in point["summary"]:
+            print(f"server histograms (ms): {point['summary']['server']}")
+        if self.plots:
+            point["plots"] = [str(p) for p in report.plot_run(result.results, self.plots, self.spec.name)]
+        return point
+
+    async def sweep(self, rates: list[float]) -> dict:
+        points = []
+        for rate in rates:
+            point = await self._run(rate)
+            point.pop("_result")
+            points.append(point)
+        best = distserve_goodput([(p["rate"], p["summary"]["slo_attainment"]) for p in points])
+        print(report.sweep_table(points, best))
+        data = {"workload": self.spec.name, "points": points, "distserve_goodput_rps": best}
+        if self.plots:
+            data["plots"] = [str(report.plot_sweep(points, self.plots))]
+        return data
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
