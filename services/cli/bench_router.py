@@ -18,6 +18,7 @@ from pathlib import Path
 
 from baton.services.engine.block_hash import block_hashes
 from baton.services.router.config import RouterConfig
+from baton.services.router.overload import bench_overload
 from baton.services.router.replay import quantile
 from baton.services.router.router import Placement, PlaceRequest, Router
 from baton.services.router.worker_state import Role
@@ -28,7 +29,7 @@ GRPC_WORKERS = 4
 def register(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser("router", help="router decision cost and routing quality",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=("decisions", "grpc", "replay"), default="decisions")
+    parser.add_argument("--mode", choices=("decisions", "grpc", "replay", "overload"), default="decisions")
     parser.add_argument("--workers", type=int, default=64, help="decisions: workers [default: 64]")
     parser.add_argument("--replay-workers", type=int, default=8, help="replay: simulated workers [default: 8]")
     parser.add_argument("--prompt-len", type=int, default=2048, help="decisions, grpc: prompt tokens")
@@ -57,7 +58,8 @@ def _table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = {"decisions": bench_decisions, "grpc": bench_grpc, "replay": bench_replay}[args.mode](args)
+    rows = {"decisions": bench_decisions, "grpc": bench_grpc, "replay": bench_replay,
+            "overload": bench_overload}[args.mode](args)
     print(_table(rows))
     if args.output_json is not None:
         doc = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"}, "results": rows}

@@ -116,7 +116,12 @@ class LLMEngine:
         seq = Sequence(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
                        output_token_ids=outputs)
         skip_draws(seq, self.model_config.vocab_size, len(outputs))
-        detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.token_ids, params)
+        detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.prompt_token_ids, params)
+        # Replaying the tokens generated elsewhere leaves the detokenizer where the first worker's was: text a
+        # possible stop string held back is still to be released, and a stop string may complete across the seam.
+        for token in outputs:
+            detok.add(token)
+        detok.release(final=False)
         self.seqs[request_id], self.detokenizers[request_id] = seq, detok
         return seq
 

@@ -80,3 +80,26 @@ def test_parked_reservation_keeps_its_blocks_until_released(tiny_model_dirs):
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks - len(blocks)
     assert engine.release_kv(key)
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_migration_keeps_held_back_text_and_stop_strings(tiny_model_dirs):
+    """Cut anywhere, a request continued elsewhere releases exactly the text the first worker had not yet
+    released, and a stop string straddling the cut still ends it."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=256))
+    prompt = list(range(30, 60))
+    free = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[free.text[6:10]])
+    engine.add_request("whole", prompt, params)
+    steps = []  # (tokens so far, text released so far)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            released = (steps[-1][1] if steps else "") + out.new_text
+            steps.append((list(out.token_ids), released))
+    assert out.finish_reason == "stop"
+    for cut, (tokens, released) in enumerate(steps[:-1]):
+        engine.add_request(f"cut{cut}", prompt, params, output_token_ids=tokens)
+        text = released
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                text += out.new_text
+        assert (text, out.finish_reason) == (steps[-1][1], "stop"), cut
