@@ -143,10 +143,12 @@ class RetryPolicy:
 class Admission:
     """The one place rejections are made, so every one is counted under its reason."""
 
-    def __init__(self, queue: AdmissionQueue, retry: RetryPolicy, metrics: RouterMetrics) -> None:
+    def __init__(self, queue: AdmissionQueue, retry: RetryPolicy, metrics: RouterMetrics,
+                 slo_headroom: float = 1.0) -> None:
         self.queue = queue
         self.retry = retry
         self.metrics = metrics
+        self.slo_headroom = slo_headroom
 
     def reject(self, request_id: str, reason: RejectReason, message: str,
                retry_after_s: float | None = None) -> Rejection:
@@ -156,12 +158,13 @@ class Admission:
         return Rejection(request_id, reason, message, hint)
 
     def check_slo(self, request_id: str, predicted_ttft_s: float, slo_s: float | None) -> Rejection | None:
-        """Refuses when the prediction misses the SLO; retry after the excess wait has had time to drain."""
-        if slo_s is None or predicted_ttft_s <= slo_s:
+        """Refuses when the prediction misses the SLO less its headroom (the predictor errs both ways, and a
+        request admitted at the edge lands late as often as not); retry after the excess has had time to drain."""
+        if slo_s is None or predicted_ttft_s <= slo_s * self.slo_headroom:
             return None
         return self.reject(request_id, RejectReason.TTFT_SLO,
-                           f"predicted time to first token {predicted_ttft_s:.3f}s exceeds the SLO of {slo_s:.3f}s",
-                           predicted_ttft_s - slo_s)
+                           f"predicted time to first token {predicted_ttft_s:.3f}s exceeds the SLO of {slo_s:.3f}s "
+                           f"less {1 - self.slo_headroom:.0%} headroom", predicted_ttft_s - slo_s * self.slo_headroom)
 
     def observe_queue_time(self, item: QueuedRequest, now: float) -> None:
         self.metrics.queue_time.labels(priority_class(item.priority)).observe(now - item.enqueued_at)

@@ -65,6 +65,9 @@ class RouterConfig(BatonSettings, PluginSettings):
         8000.0, gt=0, description="Assumed prefill rate of a worker before any measurement")
     prefill_rate_ewma_alpha: float = Field(0.2, gt=0, le=1, description="Weight of each new prefill-rate sample")
     ttft_overhead_s: float = Field(0.01, ge=0, description="Fixed part of every TTFT (network, scheduling)")
+    ttft_slo_headroom: float = Field(
+        0.8, gt=0, le=1, description="Admit only requests predicted to get their first token within this share of "
+                                     "their TTFT SLO (the rest is the prediction's margin of error)")
     retry_after_min_s: float = Field(0.1, ge=0, description="Smallest retry-after hint given with a refusal")
     retry_after_max_s: float = Field(30.0, gt=0, description="Largest retry-after hint given with a refusal")
     approx_index_ttl_s: float = Field(

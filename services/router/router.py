@@ -137,7 +137,7 @@ class Router:
         self.metrics.watch_workers(self._load_rows)
         self.admission = Admission(
             AdmissionQueue(config.queue_max_size, config.queue_max_age_s, FairShare()),
-            RetryPolicy(config.retry_after_min_s, config.retry_after_max_s), self.metrics)
+            RetryPolicy(config.retry_after_min_s, config.retry_after_max_s), self.metrics, config.ttft_slo_headroom)
         self.limits = SaturationLimits(config.stats_max_age_s, config.saturation_queued_prefill_tokens,
                                        config.saturation_inflight_requests, config.saturation_kv_utilization)
         self.disagg_policy = DisaggPolicy(config.max_local_prefill_tokens, config.max_prefill_queue_s,

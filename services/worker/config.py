@@ -18,6 +18,9 @@ class WorkerConfig(BatonSettings):
     worker_id: str | None = Field(None, description="Stable identity in KV handles and stats (default: host:port)")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="HTTP port for /metrics, /health and /ready (unset: no HTTP server)")
+    router: str | None = Field(
+        None, description="host:port of a router to register with and heartbeat (unset: the router finds this "
+                          "worker from its static list or EndpointSlices)")
     kv_transport: Literal["nixl", "grpc"] = Field(
         "nixl", description="How decode workers pull KV blocks: NIXL (UCX) or block bytes over gRPC streaming")
     kv_port: int | None = Field(

@@ -21,6 +21,7 @@ from baton.services.worker.kv_events import KVEventLog
 from baton.services.worker.kv_transfer import make_transport
 from baton.services.worker.metrics import WorkerMetrics
 from baton.services.worker.prefill import PrefillSide
+from baton.services.worker.registration import keep_registered
 from baton.services.worker.servicer import WorkerServicer
 from baton.v1 import worker_pb2_grpc
 from baton.services.common.tracing import setup_tracing
@@ -61,6 +62,10 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     housekeeping = asyncio.ensure_future(prefill.housekeeping())
+    registration = None
+    if config.router:
+        registration = asyncio.ensure_future(keep_registered(
+            config.router, worker_id, address, config.role, engine.model_id, engine.blocks.block_size))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -69,6 +74,8 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     print(f"baton worker ready: role={config.role} address={address} transport={transport.name}{metrics_at}",
           flush=True)
     await stop.wait()
+    if registration is not None:
+        registration.cancel()  # stop heartbeating first: the router stops placing here as the lease runs out
     await _drain(config, servicer, health_servicer, metrics, prefill)
     housekeeping.cancel()
     await server.stop(grace=1)

@@ -1,0 +1,32 @@
+"""A worker started with --router registers itself, heartbeats, and receives placements; once it dies, the
+router drops it within its lease."""
+from __future__ import annotations
+
+import grpc
+
+from tests.router.service_cluster import RouterClient, launch_router, launch_sim_worker, stop_all, wait_for
+
+PROMPT = list(range(1, 40))
+
+
+def _outcome(client: RouterClient) -> str | grpc.StatusCode:
+    """Where a probe placement lands, or the status the router refused it with."""
+    try:
+        return client.place("probe", PROMPT, max_tokens=4).decode_address
+    except grpc.RpcError as e:
+        return e.code()
+
+
+def test_worker_registers_itself_and_leaves_with_its_lease():
+    router, _ = launch_router("router", "--worker-lease-ttl-s", "1.5")
+    router.wait_ready()
+    worker, address = launch_sim_worker("worker", "--router", router.address)
+    try:
+        worker.wait_ready()
+        client = RouterClient(router.address)
+        wait_for(lambda: _outcome(client) == address, timeout=15, what="a placement on the registered worker")
+        worker.kill()
+        wait_for(lambda: _outcome(client) == grpc.StatusCode.UNAVAILABLE, timeout=10,
+                 what="the dead worker dropped")
+    finally:
+        stop_all([worker, router])
