@@ -88,10 +88,6 @@ class EngineLoop:
             if future is not None:
                 self.loop.call_soon_threadsafe(_settle, future, result, None)
 
-    def deliver(self, outputs: list[RequestOutput]) -> None:
-        """Hands outputs produced outside a step (a hand-off's first token) to their streams, in order."""
-        self._dispatch(outputs)
-
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             stream = self._streams.get(out.request_id)

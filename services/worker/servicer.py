@@ -122,9 +122,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         rid = request.request_id
         leased = await self.prefill_side.release(rid)
-        found = await self.loop.call(lambda e: rid in e.seqs or rid in e.held or rid in e.reserved)
-        await self.loop.call(lambda e: e.abort_request(rid))
-        return pb.AbortResponse(found=found or leased)
+
+        def abort(e: LLMEngine) -> bool:
+            found = rid in e.seqs or rid in e.held or rid in e.reserved
+            e.abort_request(rid)
+            return found
+
+        return pb.AbortResponse(found=await self.loop.call(abort) or leased)
 
     async def UpdateLease(self, request: pb.UpdateLeaseRequest,
                           context: grpc.aio.ServicerContext) -> pb.UpdateLeaseResponse:

@@ -10,7 +10,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -59,12 +58,6 @@ def blocks_digest(cache: torch.Tensor, blocks: list[int]) -> str:
         for block in blocks:
             digest.update(data[layer, block])
     return digest.hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PullKVServicer(worker_pb2_grpc.WorkerServicer):
