@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import pairwise
 
 import httpx
@@ -18,11 +20,25 @@ from baton.loadtest.stats import FAILED, OK, REFUSED, RequestResult
 REFUSAL_STATUSES = (429, 503)
 
 
-def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
-    # ignore_eos makes the output exactly max_tokens long on servers that support it (vLLM, Baton), so the work
-    # per request is the workload's, not the random model's; usage gives the count on servers that ignore it.
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0.0, "stream_options": {"include_usage": True}}
+
+@dataclass(frozen=True)
+class Target:
+    url: str  # …/v1
+    model: str
+    api_key: str | None = None
+    prompt_of: Callable = lambda request: request.prompt  # LoadRequest -> ids, or text for servers that take no ids
+    # ignore_eos makes the output exactly max_tokens long on servers that support it (vLLM, Baton), so the work per
+    # request is the workload's, not the random model's. Servers that refuse unknown fields (`transformers serve`)
+    # need it off; usage then gives the real count.
+    ignore_eos: bool = True
+
+
+def completion_body(target: Target, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
+    body = {"model": target.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
+            "stream_options": {"include_usage": True}}
+    if target.ignore_eos:
+        body["ignore_eos"] = True
+    return body
 
 
 class _Stream:
@@ -32,7 +48,10 @@ class _Stream:
         self.sent = sent
         self.token_times: list[float] = []
         self.usage_tokens: int | None = None
+        self.usage_prompt_tokens: int | None = None
+        self.cached_tokens: int | None = None
         self.done = False
+        self.finish_reason: str | None = None
         self.error: dict | None = None
 
     def feed(self, data: str, now: float) -> None:
@@ -43,13 +62,16 @@ class _Stream:
         if "error" in chunk:
             self.error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             return
-        if chunk.get("usage"):
-            self.usage_tokens = chunk["usage"].get("completion_tokens")
+        if usage := chunk.get("usage"):
+            self.usage_tokens = usage.get("completion_tokens")
+            self.usage_prompt_tokens = usage.get("prompt_tokens")
+            self.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         for choice in chunk.get("choices") or []:
             # A chunk that only closes the stream (no text, a finish reason) carries no token; any other does,
             # even with empty text (a token whose bytes the detokenizer is still holding).
             if choice.get("text") or choice.get("finish_reason") is None:
                 self.token_times.append(now)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
     def result(self, start_s: float, prompt_tokens: int) -> RequestResult:
         times = self.token_times
@@ -57,25 +79,25 @@ class _Stream:
             status = REFUSED if not times else FAILED
             return RequestResult(start_s, status, prompt_tokens=prompt_tokens,
                                  error=f"{self.error.get('code')}: {self.error.get('message')}")
-        if not self.done or not times:
+        # Some servers (`transformers serve`) close the stream after the finish reason without sending [DONE].
+        if not (self.done or self.finish_reason) or not times:
             return RequestResult(start_s, FAILED, prompt_tokens=prompt_tokens,
-                                 error="stream ended without [DONE]" if not self.done else "no tokens")
-        tokens = self.usage_tokens if self.usage_tokens else len(times)
+                                 error="stream ended without a finish reason or [DONE]" if times else "no tokens")
+        # The server's counts, where it gives them, are what it processed (text prompts are tokenized there).
         return RequestResult(start_s, OK, ttft_s=times[0] - self.sent, e2e_s=times[-1] - self.sent,
-                             itls_s=[b - a for a, b in pairwise(times)], output_tokens=tokens,
-                             prompt_tokens=prompt_tokens)
+                             itls_s=[b - a for a, b in pairwise(times)], output_tokens=self.usage_tokens or len(times),
+                             prompt_tokens=self.usage_prompt_tokens or prompt_tokens, cached_tokens=self.cached_tokens)
 
 
-async def send_completion(client: httpx.AsyncClient, url: str, model: str, prompt: list[int] | str,
-                          max_tokens: int, origin: float, api_key: str | None = None,
-                          prompt_tokens: int = 0) -> RequestResult:
-    """Streams one completion from `url` (…/v1). start_s in the result is seconds since `origin` (perf_counter)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+async def send_completion(client: httpx.AsyncClient, target: Target, prompt: list[int] | str, max_tokens: int,
+                          origin: float, prompt_tokens: int = 0) -> RequestResult:
+    """Streams one completion from the target. start_s in the result is seconds since `origin` (perf_counter)."""
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     sent = time.perf_counter()
     stream = _Stream(sent)
     try:
-        async with client.stream("POST", f"{url.rstrip('/')}/completions", headers=headers,
-                                 json=completion_body(model, prompt, max_tokens)) as response:
+        async with client.stream("POST", f"{target.url.rstrip('/')}/completions", headers=headers,
+                                 json=completion_body(target, prompt, max_tokens)) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")[:300]
                 status = REFUSED if response.status_code in REFUSAL_STATUSES else FAILED

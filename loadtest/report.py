@@ -26,6 +26,8 @@ def table(summary: dict, title: str = "") -> str:
     for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
         s = summary[key]
         rows.append((f"{name} ms (mean p50 p90 p99)", " ".join(_fmt(s[k]) for k in ("mean", "p50", "p90", "p99"))))
+    if summary.get("prefix_hit_ratio") is not None:
+        rows.append(("prefix cache hits (share of prompt tokens)", f"{summary['prefix_hit_ratio']:.1%}"))
     slo = summary["slo"]
     if summary["slo_attainment"] is not None:
         rows.append((f"SLO attainment (TTFT<={_fmt(slo['ttft_ms'])}ms TPOT<={_fmt(slo['tpot_ms'])}ms)",

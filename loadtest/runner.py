@@ -15,20 +15,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from baton.loadtest.client import send_completion
+from baton.loadtest.client import Target, send_completion
 from baton.loadtest.progress import Progress
 from baton.loadtest.scenarios import LoadRequest
 from baton.loadtest.stats import FAILED, RequestResult
 
 PromptOf = Callable[[LoadRequest], "list[int] | str"]
-
-
-@dataclass(frozen=True)
-class Target:
-    url: str  # …/v1
-    model: str
-    api_key: str | None = None
-    prompt_of: PromptOf = lambda request: request.prompt  # text for servers that take no token ids
 
 
 @dataclass
@@ -56,9 +48,8 @@ class _Run:
         try:
             if after is not None:
                 await asyncio.wait([after])
-            result = await send_completion(client, self.target.url, self.target.model,
-                                           self.target.prompt_of(request), request.output_len, self.origin,
-                                           self.target.api_key, len(request.prompt))
+            result = await send_completion(client, self.target, self.target.prompt_of(request), request.output_len,
+                                           self.origin, len(request.prompt))
         except asyncio.CancelledError:
             result = RequestResult(self.elapsed(), FAILED, prompt_tokens=len(request.prompt),
                                    error=f"not finished {self.drain_timeout_s:g}s after the end of the run")

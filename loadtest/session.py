@@ -3,6 +3,7 @@ histograms when asked, and the report (table on stdout, plots). `baton loadtest`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -14,6 +15,9 @@ from baton.loadtest.scenarios import WorkloadSpec, iter_requests
 from baton.loadtest.stats import SLO, distserve_goodput, summarize
 from baton.loadtest.traces import TRACE_FILES
 
+# Warm-up requests come from another seed's stream: the measured prompts must not be in the prefix cache already.
+WARMUP_SEED_OFFSET = 7919
+WARMUP_CONCURRENCY = 4
 SERVER_HISTOGRAMS = {"ttft_ms": "baton_gateway_time_to_first_token_seconds",
                      "itl_ms": "baton_gateway_inter_token_latency_seconds"}
 
@@ -32,15 +36,16 @@ class LoadTest:
     plots: str | None = None
     server_metrics: str | None = None
     show_progress: bool = True
+    warmup: int = 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, spec: WorkloadSpec, prompt_of: PromptOf) -> LoadTest:
         arrivals = args.arrivals or ("trace" if spec.name in TRACE_FILES else "poisson")
         if arrivals == "trace" and spec.name not in TRACE_FILES:
             raise SystemExit("--arrivals trace needs a trace workload")
-        return cls(Target(args.url, args.model, args.api_key, prompt_of), spec, args.duration, args.drain_timeout,
-                   args.rate, args.concurrency, arrivals, args.burstiness, SLO(args.slo_ttft_ms, args.slo_tpot_ms),
-                   args.plots, args.server_metrics, not args.no_progress)
+        target = Target(args.url, args.model, args.api_key, prompt_of, args.ignore_eos)
+        return cls(target, spec, args.duration, args.drain_timeout, args.rate, args.concurrency, arrivals,
+                   args.burstiness, SLO(args.slo_ttft_ms, args.slo_tpot_ms), args.plots, args.server_metrics, not args.no_progress)
 
     def _schedule(self, rate: float) -> tuple[list, dict]:
         requests = iter_requests(self.spec)
@@ -54,6 +59,19 @@ class LoadTest:
         times = rescaled_trace_arrivals(trace_s, rate, self.duration_s)
         return list(zip(times, rows)), {"arrivals": "trace", "trace_speedup": trace_time_factor(trace_s, rate),
                                         "length_scale": self.spec.length_scale}
+
+    async def warm_up(self) -> None:
+        """Sends `warmup` requests and drops their results. A fresh server's first requests pay one-time costs
+        (allocator growth, each new prompt shape's first kernels, the first KV transfer's connection) that say
+        nothing about its steady state."""
+        if self.warmup <= 0:
+            return
+        # A trace's rows are the same whatever the seed, so traces warm up on synthetic requests.
+        name = "synthetic" if self.spec.name in TRACE_FILES else self.spec.name
+        spec = dataclasses.replace(self.spec, name=name, seed=self.spec.seed + WARMUP_SEED_OFFSET)
+        requests = (dataclasses.replace(r, session=None) for r in itertools.islice(iter_requests(spec), self.warmup))
+        await run_closed_loop(self.target, requests, min(WARMUP_CONCURRENCY, self.warmup), float("inf"),
+                              self.drain_timeout_s, show_progress=False)
 
     async def _run(self, rate: float | None) -> dict:
         before = self._scrape()
@@ -85,6 +103,7 @@ class LoadTest:
         return out
 
     async def single(self) -> dict:
+        await self.warm_up()
         point = await self._run(self.rate)
         result: RunResult = point.pop("_result")
         load = f"rate={self.rate:g}/s" if self.rate is not None else f"concurrency={self.concurrency}"
@@ -97,6 +116,7 @@ class LoadTest:
 
     async def sweep(self, rates: list[float]) -> dict:
         points = []
+        await self.warm_up()
         for rate in rates:
             point = await self._run(rate)
             point.pop("_result")

@@ -32,6 +32,7 @@ class RequestResult:
     itls_s: list[float] = field(default_factory=list)
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
     error: str = ""
 
     @property
@@ -91,6 +92,13 @@ def distserve_goodput(points: Sequence[tuple[float, float | None]],
     return max(good) if good else None
 
 
+def prefix_hit_ratio(results: Sequence[RequestResult]) -> float | None:
+    """Share of the prompt tokens the server served from its prefix cache, over the answers that report it."""
+    told = [r for r in results if r.status == OK and r.cached_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in told)
+    return sum(r.cached_tokens for r in told) / prompt if prompt else None
+
+
 def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO = SLO()) -> dict[str, object]:
     """Everything the report prints, as plain numbers (JSON-ready). duration_s is the run's wall time."""
     ok = [r for r in results if r.status == OK]
@@ -102,6 +110,7 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO = SL
         "request_throughput_rps": counts[OK] / duration_s if duration_s > 0 else None,
         "output_throughput_tps": tokens / duration_s if duration_s > 0 else None,
         "output_tokens": tokens, "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "prefix_hit_ratio": prefix_hit_ratio(results),
         "ttft_ms": _latency([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_ms": _latency([t for r in ok if (t := r.tpot_s) is not None]),
         "itl_ms": _latency([g for r in ok for g in r.itls_s]),

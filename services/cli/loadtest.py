@@ -16,6 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--url", required=True, help="base URL of the API, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="model name to request")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos (for servers that refuse unknown fields, e.g. `transformers serve`)")
     p.add_argument("--workload", choices=WORKLOADS, default="synthetic")
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=float, help="open loop: mean requests per second")
@@ -27,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--arrivals", choices=("poisson", "gamma", "trace"), default=None,
                    help="open-loop arrivals [default: trace for trace workloads, else poisson]")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: <1 burstier than Poisson [1]")
+    p.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="send N requests (from another seed) first and leave them out of the results [0]")
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--output-json", default=None, help="write results here ('-': stdout)")

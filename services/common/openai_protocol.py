@@ -363,6 +363,13 @@ def chat_logprob(lp: TokenLogprobs, text_of: TokenText) -> dict[str, Any]:
     return entry
 
 
+def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens is the prompt's share served from the prefix cache."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
 def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokenizer: PreTrainedTokenizerBase,
                    model: str, response_id: str | None = None) -> dict[str, Any]:
     """The response body for a finished request; outputs are its n choices in order."""
@@ -376,8 +383,7 @@ def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokeniz
         "created": int(time.time()),
         "model": model,
         "choices": [request.choice(out, i, text_of) for i, out in enumerate(outputs)],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": usage_body(prompt_tokens, completion_tokens, max(out.num_cached_tokens for out in outputs)),
     }
     if chat and request.return_token_ids:
         body["prompt_token_ids"] = outputs[0].prompt_token_ids

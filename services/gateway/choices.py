@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baton.services.common.openai_protocol import (ChatCompletionRequest, OpenAIRequest, TokenText, chat_logprob,
-                                                   completion_logprobs)
+                                                   completion_logprobs, usage_body)
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.worker.convert import logprob_from_proto, stop_reason_of
 from baton.v1 import worker_pb2 as pb
@@ -88,7 +88,6 @@ class ChunkWriter:
         return self._chunk(choice)
 
     def usage(self, states: list[ChoiceState]) -> str:
-        prompt = len(states[0].prompt_token_ids)
-        completion = sum(len(s.token_ids) for s in states)
-        return sse({**self.base, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                                           "total_tokens": prompt + completion}})
+        usage = usage_body(len(states[0].prompt_token_ids), sum(len(s.token_ids) for s in states),
+                           max(s.num_cached_tokens for s in states))
+        return sse({**self.base, "choices": [], "usage": usage})

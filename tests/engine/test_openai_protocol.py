@@ -204,7 +204,8 @@ def test_completion_response_shape(tokenizer):
     body = build_response(request, outs, tokenizer, "tiny", "cmpl-1")
     assert (body["id"], body["object"], body["model"]) == ("cmpl-1", "text_completion", "tiny")
     assert isinstance(body["created"], int)
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     first, second = body["choices"]
     assert (first["index"], first["text"], first["finish_reason"], first["stop_reason"]) == (0, "out", "length", None)
     assert (second["index"], second["finish_reason"], second["stop_reason"]) == (1, "stop", "\n")

@@ -93,7 +93,8 @@ def test_string_prompt(results, tokenizer):
     assert len(choice["token_ids"]) == 12 and choice["finish_reason"] == "length"
     assert choice["text"] == tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
     assert out["usage"] == {"prompt_tokens": len(choice["prompt_token_ids"]), "completion_tokens": 12,
-                            "total_tokens": len(choice["prompt_token_ids"]) + 12}
+                            "total_tokens": len(choice["prompt_token_ids"]) + 12,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_token_id_prompt(results):

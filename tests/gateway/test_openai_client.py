@@ -31,6 +31,17 @@ def test_completion_and_stream_agree_with_usage(client, model):
     assert full.choices[0].finish_reason in ("stop", "length")
 
 
+def test_usage_reports_prompt_tokens_from_the_prefix_cache(client, model):
+    prompt = list(range(100, 180))  # 80 tokens: five full blocks of 16
+    kwargs = dict(model=model.name, prompt=prompt, max_tokens=2, temperature=0)
+    client.completions.create(**kwargs)
+    again = client.completions.create(**kwargs)
+    streamed = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    for usage in (again.usage, streamed[-1].usage):
+        # Every full block but the last is reused; the last is recomputed so the prompt's last token has logits.
+        assert usage.prompt_tokens_details.cached_tokens == 64
+
+
 def test_chat_streamed_and_not(client, model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
     full = client.chat.completions.create(model=model.name, messages=messages, max_tokens=10, temperature=0)

@@ -91,3 +91,12 @@ def test_a_rank_in_the_inf_bucket_gives_the_highest_finite_bound_and_diff_isolat
     run = diff(after, before)
     assert run == [(0.1, 0), (math.inf, 4)]
     assert histogram_quantile(0.5, run) == 0.1
+
+
+def test_prefix_hit_ratio_counts_only_answers_that_report_cached_tokens():
+    results = [RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=100, cached_tokens=64),
+               RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=300, cached_tokens=0),
+               RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=1000),  # a server that does not say
+               RequestResult(0, FAILED, prompt_tokens=500, cached_tokens=500)]
+    assert summarize(results, duration_s=1)["prefix_hit_ratio"] == pytest.approx(64 / 400)
+    assert summarize(results[2:], duration_s=1)["prefix_hit_ratio"] is None
