@@ -17,6 +17,9 @@ from baton.loadtest.traces import TRACE_FILES
 
 # Warm-up requests come from another seed's stream: the measured prompts must not be in the prefix cache already.
 WARMUP_SEED_OFFSET = 7919
+# Each sweep point draws its own prompts (seed + point * stride): repeating the last point's prompts would turn
+# them into prefix-cache hits on servers that have a cache and not on those that don't.
+POINT_SEED_STRIDE = 104729
 WARMUP_CONCURRENCY = 4
 SERVER_HISTOGRAMS = {"ttft_ms": "baton_gateway_time_to_first_token_seconds",
                      "itl_ms": "baton_gateway_inter_token_latency_seconds"}
@@ -37,6 +40,7 @@ class LoadTest:
     server_metrics: str | None = None
     show_progress: bool = True
     warmup: int = 0
+    _trace_rows_used: int = field(default=0, init=False)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, spec: WorkloadSpec, prompt_of: PromptOf) -> LoadTest:
@@ -45,16 +49,21 @@ class LoadTest:
             raise SystemExit("--arrivals trace needs a trace workload")
         target = Target(args.url, args.model, args.api_key, prompt_of, args.ignore_eos)
         return cls(target, spec, args.duration, args.drain_timeout, args.rate, args.concurrency, arrivals,
-                   args.burstiness, SLO(args.slo_ttft_ms, args.slo_tpot_ms), args.plots, args.server_metrics, not args.no_progress)
+                   args.burstiness, SLO(args.slo_ttft_ms, args.slo_tpot_ms), args.plots, args.server_metrics,
+                   not args.no_progress)
 
-    def _schedule(self, rate: float) -> tuple[list, dict]:
-        requests = iter_requests(self.spec)
+    def _schedule(self, rate: float, point: int) -> tuple[list, dict]:
         if self.arrivals != "trace":
+            seed = self.spec.seed + point * POINT_SEED_STRIDE
+            requests = iter_requests(dataclasses.replace(self.spec, seed=seed))
             burstiness = self.burstiness if self.arrivals == "gamma" else 1.0
-            times = gamma_arrivals(rate, self.duration_s, burstiness, self.spec.seed)
+            times = gamma_arrivals(rate, self.duration_s, burstiness, seed)
             return schedule(times, requests), {"arrivals": self.arrivals, "burstiness": burstiness}
-        # Enough trace rows to cover the run at this rate, with room for the trace's own bursts.
-        rows = list(itertools.islice(requests, int(rate * self.duration_s * 2) + 16))
+        # Enough trace rows to cover the run at this rate, with room for the trace's own bursts; a sweep's later
+        # points go on where the earlier ones stopped.
+        wanted = int(rate * self.duration_s * 2) + 16
+        rows = list(itertools.islice(iter_requests(self.spec), self._trace_rows_used, self._trace_rows_used + wanted))
+        self._trace_rows_used += len(rows)
         trace_s = [r.trace_s for r in rows]
         times = rescaled_trace_arrivals(trace_s, rate, self.duration_s)
         return list(zip(times, rows)), {"arrivals": "trace", "trace_speedup": trace_time_factor(trace_s, rate),
@@ -73,10 +82,10 @@ class LoadTest:
         await run_closed_loop(self.target, requests, min(WARMUP_CONCURRENCY, self.warmup), float("inf"),
                               self.drain_timeout_s, show_progress=False)
 
-    async def _run(self, rate: float | None) -> dict:
+    async def _run(self, rate: float | None, point: int = 0) -> dict:
         before = self._scrape()
         if rate is not None:
-            plan, arrivals = self._schedule(rate)
+            plan, arrivals = self._schedule(rate, point)
             result = await run_open_loop(self.target, plan, self.duration_s, self.drain_timeout_s,
                                          self.show_progress)
         else:
@@ -117,8 +126,8 @@ class LoadTest:
     async def sweep(self, rates: list[float]) -> dict:
         points = []
         await self.warm_up()
-        for rate in rates:
-            point = await self._run(rate)
+        for i, rate in enumerate(rates):
+            point = await self._run(rate, i)
             point.pop("_result")
             points.append(point)
         best = distserve_goodput([(p["rate"], p["summary"]["slo_attainment"]) for p in points])

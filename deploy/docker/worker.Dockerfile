@@ -19,6 +19,7 @@ RUN groupadd --system --gid 10001 baton && useradd --system --uid 10001 --gid ba
  && mkdir -p /cache /models && chown 10001:10001 /cache
 WORKDIR /
 USER 10001:10001
-EXPOSE 8100
+# The operator's defaults: gRPC, the NIXL metadata listener (gRPC + 1), and /metrics, /health, /ready.
+EXPOSE 8100 8101 9100
 ENTRYPOINT ["baton"]
 CMD ["worker", "--help"]

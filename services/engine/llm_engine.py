@@ -83,7 +83,7 @@ class LLMEngine:
                                    config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.enable_chunked_prefill)
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = EngineCounters()
         self.seqs: dict[str, Sequence] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}

@@ -68,9 +68,10 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 
 def _draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
-    noise = torch.empty_like(probs)
-    for row, seq in enumerate(seqs):
-        noise[row].exponential_(generator=seq.generator or generator)
+    # Each row's noise is drawn on its generator's device and then moved: a seeded request's CPU generator thus
+    # gives the same stream whatever device the logits are on, and the engine's own generator lives with them.
+    noise = torch.stack([torch.empty(probs.shape[1], dtype=probs.dtype, device=g.device).exponential_(generator=g)
+                         for g in (seq.generator or generator for seq in seqs)]).to(probs.device)
     return (probs / noise).argmax(dim=1)
 
 

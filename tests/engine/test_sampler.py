@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from baton.services.engine.sampler import sample
@@ -37,6 +38,16 @@ def test_seeded_rows_reproduce_whatever_shares_the_batch():
         s = seqs(SamplingParams(temperature=1.0, seed=7))
         return [sample(logits(1, seed=k), s, torch.Generator(), EOS)[0][0] for k in range(20)]
     assert run() == run()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_seeded_and_unseeded_rows_sample_on_gpu_logits_as_on_cpu():
+    # A seeded request's generator is a CPU one; on GPU logits its noise must still come from it, unchanged.
+    batch = [SamplingParams(temperature=1.0, seed=s) for s in range(8)] + [SamplingParams(temperature=0.8)]
+    x = logits(9, vocab=32000)
+    on_cpu, _ = sample(x.clone(), seqs(*batch), torch.Generator().manual_seed(0), EOS)
+    on_gpu, _ = sample(x.cuda(), seqs(*batch), torch.Generator(device="cuda").manual_seed(0), EOS)
+    assert on_gpu[:8] == on_cpu[:8]
 
 
 def test_temperature_sampling_follows_the_softmax():

@@ -1,6 +1,8 @@
 """A worker started with --router registers itself, heartbeats, and receives placements; once it dies, the
-router drops it within its lease."""
+router drops it within its lease, and at once when it is stopped with SIGTERM (its stats stream reports it draining)."""
 from __future__ import annotations
+
+import signal
 
 import grpc
 
@@ -28,5 +30,22 @@ def test_worker_registers_itself_and_leaves_with_its_lease():
         worker.kill()
         wait_for(lambda: _outcome(client) == grpc.StatusCode.UNAVAILABLE, timeout=10,
                  what="the dead worker dropped")
+    finally:
+        stop_all([worker, router])
+
+
+def test_sigterm_takes_the_worker_out_of_placement_before_its_lease_ends():
+    router, _ = launch_router("router", "--worker-lease-ttl-s", "60")
+    router.wait_ready()
+    worker, address = launch_sim_worker("worker", "--router", router.address)
+    try:
+        worker.wait_ready()
+        client = RouterClient(router.address)
+        wait_for(lambda: _outcome(client) == address, timeout=15, what="a placement on the registered worker")
+        worker.process.send_signal(signal.SIGTERM)
+        # Far inside the 60 s lease.
+        wait_for(lambda: _outcome(client) == grpc.StatusCode.UNAVAILABLE, timeout=10,
+                 what="the draining worker out of placement")
+        assert worker.process.wait(timeout=30) == 0
     finally:
         stop_all([worker, router])
