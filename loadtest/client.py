@@ -68,8 +68,9 @@ class _Stream:
             self.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         for choice in chunk.get("choices") or []:
             # A chunk that only closes the stream (no text, a finish reason) carries no token; any other does,
-            # even with empty text (a token whose bytes the detokenizer is still holding).
-            if choice.get("text") or choice.get("finish_reason") is None:
+            # even with empty text (a token whose bytes the detokenizer is still holding). So does a closing chunk
+            # with nothing before it: a one-token answer whose token has no text of its own.
+            if choice.get("text") or choice.get("finish_reason") is None or not self.token_times:
                 self.token_times.append(now)
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
 

@@ -27,7 +27,9 @@ def table(summary: dict, title: str = "") -> str:
         s = summary[key]
         rows.append((f"{name} ms (mean p50 p90 p99)", " ".join(_fmt(s[k]) for k in ("mean", "p50", "p90", "p99"))))
     if summary.get("prefix_hit_ratio") is not None:
-        rows.append(("prefix cache hits (share of prompt tokens)", f"{summary['prefix_hit_ratio']:.1%}"))
+        bound = summary.get("prefix_reuse_bound")
+        rows.append(("prefix cache hits (share of prompt tokens)", f"{summary['prefix_hit_ratio']:.1%}"
+                     + (f" (unlimited-cache bound {bound:.1%})" if bound is not None else "")))
     slo = summary["slo"]
     if summary["slo_attainment"] is not None:
         rows.append((f"SLO attainment (TTFT<={_fmt(slo['ttft_ms'])}ms TPOT<={_fmt(slo['tpot_ms'])}ms)",
@@ -120,6 +122,54 @@ def plot_sweep(points: Sequence[dict], folder: str) -> Path:
     ax.set_ylabel("req/s")
     ax.legend()
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+COMPARED = (("goodput_rps", "goodput req/s", None), ("slo_attainment", "attainment", None),
+            ("output_throughput_tps", "output tok/s", None), ("ttft_ms", "TTFT p90 ms", "p90"),
+            ("tpot_ms", "TPOT p90 ms", "p90"), ("itl_ms", "ITL p99 ms", "p99"))
+
+
+def _figure(point: dict, key: str, quantile: str | None) -> float | None:
+    value = point["summary"][key]
+    return value[quantile] if quantile else value
+
+
+def comparison_table(runs: dict[str, dict]) -> str:
+    """Sweeps of several systems over the same rates, one row per rate and system (Markdown)."""
+    lines = ["| rate | system | done/refused/failed | " + " | ".join(name for _, name, _ in COMPARED) + " |",
+             "|---" * (3 + len(COMPARED)) + "|"]
+    rates = sorted({p["rate"] for data in runs.values() for p in data["points"]})
+    for rate in rates:
+        for label, data in runs.items():
+            for p in (p for p in data["points"] if p["rate"] == rate):
+                s = p["summary"]
+                cells = [_fmt(_figure(p, key, q)) for key, _, q in COMPARED]
+                lines.append(f"| {rate:g} | {label} | {s['completed']}/{s['refused']}/{s['failed']} | "
+                             + " | ".join(cells) + " |")
+    best = ", ".join(f"{label} {_fmt(data.get('distserve_goodput_rps'))}" for label, data in runs.items())
+    lines.append(f"\nDistServe goodput (highest rate with >=90% attainment, req/s): {best}")
+    return "\n".join(lines)
+
+
+def plot_comparison(runs: dict[str, dict], folder: str) -> Path:
+    """Goodput, TTFT p90 and ITL p99 against offered rate, one line per system."""
+    plt, path = _pyplot(), Path(folder) / "comparison.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (key, name, q) in zip(axes, (COMPARED[0], COMPARED[3], COMPARED[5])):
+        for label, data in runs.items():
+            points = sorted(data["points"], key=lambda p: p["rate"])
+            ax.plot([p["rate"] for p in points], [_figure(p, key, q) or 0 for p in points], "o-", label=label)
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        if key != "goodput_rps":
+            ax.set_yscale("log")
+    axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

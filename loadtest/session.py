@@ -12,7 +12,7 @@ from baton.loadtest.arrivals import gamma_arrivals, rescaled_trace_arrivals, tra
 from baton.loadtest.prometheus import diff, histogram_quantile, scrape_histogram
 from baton.loadtest.runner import PromptOf, RunResult, Target, run_closed_loop, run_open_loop, schedule
 from baton.loadtest.scenarios import WorkloadSpec, iter_requests
-from baton.loadtest.stats import SLO, distserve_goodput, summarize
+from baton.loadtest.stats import SLO, distserve_goodput, prefix_reuse_bound, summarize
 from baton.loadtest.traces import TRACE_FILES
 
 # Warm-up requests come from another seed's stream: the measured prompts must not be in the prefix cache already.
@@ -40,6 +40,7 @@ class LoadTest:
     server_metrics: str | None = None
     show_progress: bool = True
     warmup: int = 0
+    block_size: int = 16  # the server's KV block size, for the reuse bound
     _trace_rows_used: int = field(default=0, init=False)
 
     @classmethod
@@ -84,19 +85,21 @@ class LoadTest:
 
     async def _run(self, rate: float | None, point: int = 0) -> dict:
         before = self._scrape()
+        bound = None  # known for open loops only: a closed loop's prompts depend on how fast answers come
         if rate is not None:
             plan, arrivals = self._schedule(rate, point)
             result = await run_open_loop(self.target, plan, self.duration_s, self.drain_timeout_s,
                                          self.show_progress)
+            bound = prefix_reuse_bound([r.prompt for at, r in plan if at < self.duration_s], self.block_size)
         else:
             arrivals = {"arrivals": "closed-loop", "concurrency": self.concurrency}
             result = await run_closed_loop(self.target, iter_requests(self.spec), self.concurrency or 1,
                                            self.duration_s, self.drain_timeout_s, self.show_progress)
-        summary = summarize(result.results, result.duration_s, self.slo)
+        summary = {**summarize(result.results, result.duration_s, self.slo), "prefix_reuse_bound": bound}
         if before is not None:
             summary["server"] = self._server_quantiles(before)
         return {"rate": rate, "workload": self.spec.name, **arrivals, "scheduled": result.scheduled,
-                "summary": summary, "_result": result}
+                "summary": summary, "requests": [dataclasses.asdict(r) for r in result.results], "_result": result}
 
     def _scrape(self) -> dict | None:
         if not self.server_metrics:

@@ -99,6 +99,24 @@ def prefix_hit_ratio(results: Sequence[RequestResult]) -> float | None:
     return sum(r.cached_tokens for r in told) / prompt if prompt else None
 
 
+def prefix_reuse_bound(prompts: Iterable[Sequence[int]], block_size: int) -> float | None:
+    """Share of prompt tokens one unlimited prefix cache seeing every prompt in order could serve: the hit ratio
+    of a perfect router over caches that never evict. Block-granular, and like a real engine it always computes a
+    prompt's last token."""
+    seen: set[int] = set()
+    hits = total = 0
+    for prompt in prompts:
+        chain, cached, leading = 0, 0, True
+        for start in range(0, len(prompt) - block_size + 1, block_size):
+            chain = hash((chain, tuple(prompt[start:start + block_size])))
+            leading = leading and chain in seen
+            cached += block_size if leading else 0
+            seen.add(chain)
+        hits += min(cached, len(prompt) - 1)
+        total += len(prompt)
+    return hits / total if total else None
+
+
 def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO = SLO()) -> dict[str, object]:
     """Everything the report prints, as plain numbers (JSON-ready). duration_s is the run's wall time."""
     ok = [r for r in results if r.status == OK]

@@ -33,11 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="send N requests (from another seed) first and leave them out of the results [0]")
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
-    p.add_argument("--output-json", default=None, help="write results here ('-': stdout)")
+    p.add_argument("--output-json", default=None,
+                   help="write the summaries and every request's timings here ('-': stdout)")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--server-metrics", default=None, metavar="URL",
                    help="the server's Prometheus /metrics: also report its TTFT and ITL histogram quantiles")
     _workload_arguments(p)
+    p.add_argument("--block-size", type=int, default=16,
+                   help="the server's KV block size: the unlimited-cache hit-ratio bound is counted in its blocks [16]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 

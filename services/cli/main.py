@@ -9,7 +9,7 @@ import sys
 # Module names under baton.services.cli (the command is the name with '-' for '_'); each defines
 # register(subparsers) and sets a `func` default.
 SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router", "gateway", "serve",
-                      "loadtest")
+                      "loadtest", "loadtest_compare")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -40,6 +40,13 @@ def test_a_stream_closed_after_its_finish_reason_without_done_is_answered():
     assert r.status == OK and r.cached_tokens is None
 
 
+def test_a_one_token_answer_without_text_is_answered_at_its_closing_chunk():
+    # The token is a lone byte of a multi-byte character: its text stays empty, its chunk also closes the stream.
+    usage = {"prompt_tokens": 5, "completion_tokens": 1}
+    r = fed([(10.3, chunk("", "length")), (10.3, chunk(usage=usage)), (10.3, "[DONE]")]).result(0.0, 5)
+    assert r.status == OK and r.ttft_s == pytest.approx(0.3) and r.output_tokens == 1
+
+
 def test_a_stream_cut_before_any_finish_reason_fails():
     r = fed([(10.1, chunk("a")), (10.2, chunk("b"))]).result(0.0, 5)
     assert r.status == FAILED and "finish reason" in r.error

@@ -7,7 +7,7 @@ import pytest
 
 from baton.loadtest.prometheus import bucket_of, diff, histogram_quantile, parse_histogram
 from baton.loadtest.stats import (FAILED, OK, REFUSED, SLO, RequestResult, attainment, distserve_goodput,
-                                  goodput_rps, percentiles, summarize)
+                                  goodput_rps, percentiles, prefix_reuse_bound, summarize)
 
 
 def answered(ttft: float, gaps: list[float], start: float = 0.0) -> RequestResult:
@@ -100,3 +100,13 @@ def test_prefix_hit_ratio_counts_only_answers_that_report_cached_tokens():
                RequestResult(0, FAILED, prompt_tokens=500, cached_tokens=500)]
     assert summarize(results, duration_s=1)["prefix_hit_ratio"] == pytest.approx(64 / 400)
     assert summarize(results[2:], duration_s=1)["prefix_hit_ratio"] is None
+
+
+def test_prefix_reuse_bound_counts_leading_blocks_seen_before_and_never_the_last_token():
+    a = list(range(64))  # four blocks of 16
+    prompts = [a,  # nothing seen yet
+               a[:48] + [900] * 16,  # three leading blocks seen: 48 hits
+               [7] * 16 + a[16:],  # a different first block: no leading hit, whatever follows
+               a]  # all four blocks seen, but the last token is always computed: 63 hits
+    assert prefix_reuse_bound(prompts, 16) == pytest.approx((48 + 63) / (4 * 64))
+    assert prefix_reuse_bound([], 16) is None

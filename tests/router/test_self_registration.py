@@ -2,10 +2,13 @@
 router drops it within its lease, and at once when it is stopped with SIGTERM (its stats stream reports it draining)."""
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 
 import grpc
 
+from baton.services.common.process import ServiceProcess
 from tests.router.service_cluster import RouterClient, launch_router, launch_sim_worker, stop_all, wait_for
 
 PROMPT = list(range(1, 40))
@@ -19,33 +22,32 @@ def _outcome(client: RouterClient) -> str | grpc.StatusCode:
         return e.code()
 
 
-def test_worker_registers_itself_and_leaves_with_its_lease():
-    router, _ = launch_router("router", "--worker-lease-ttl-s", "1.5")
+@contextlib.contextmanager
+def registered_worker(lease_ttl_s: float) -> Iterator[tuple[ServiceProcess, RouterClient]]:
+    """A router and a simulated worker started with --router, once the router places requests on it."""
+    router, _ = launch_router("router", "--worker-lease-ttl-s", str(lease_ttl_s))
     router.wait_ready()
     worker, address = launch_sim_worker("worker", "--router", router.address)
     try:
         worker.wait_ready()
         client = RouterClient(router.address)
         wait_for(lambda: _outcome(client) == address, timeout=15, what="a placement on the registered worker")
-        worker.kill()
-        wait_for(lambda: _outcome(client) == grpc.StatusCode.UNAVAILABLE, timeout=10,
-                 what="the dead worker dropped")
+        yield worker, client
     finally:
         stop_all([worker, router])
 
 
+def test_worker_registers_itself_and_leaves_with_its_lease():
+    with registered_worker(lease_ttl_s=1.5) as (worker, client):
+        worker.kill()
+        wait_for(lambda: _outcome(client) == grpc.StatusCode.UNAVAILABLE, timeout=10,
+                 what="the dead worker dropped")
+
+
 def test_sigterm_takes_the_worker_out_of_placement_before_its_lease_ends():
-    router, _ = launch_router("router", "--worker-lease-ttl-s", "60")
-    router.wait_ready()
-    worker, address = launch_sim_worker("worker", "--router", router.address)
-    try:
-        worker.wait_ready()
-        client = RouterClient(router.address)
-        wait_for(lambda: _outcome(client) == address, timeout=15, what="a placement on the registered worker")
+    with registered_worker(lease_ttl_s=60) as (worker, client):
         worker.process.send_signal(signal.SIGTERM)
         # Far inside the 60 s lease.
         wait_for(lambda: _outcome(client) == grpc.StatusCode.UNAVAILABLE, timeout=10,
                  what="the draining worker out of placement")
         assert worker.process.wait(timeout=30) == 0
-    finally:
-        stop_all([worker, router])
