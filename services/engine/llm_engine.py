@@ -32,6 +32,14 @@ class EngineCounters:
     steps: int = 0
     requests_finished: int = 0
     recent_step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    # (prompt tokens, seconds) of recent steps that computed prompt tokens, decode rows in them included.
+    recent_prefill_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=32))
+
+    def prefill_tokens_per_s(self) -> float | None:
+        """How fast this engine has been getting through prompt tokens lately, under its real mix of work: what
+        the router divides a queue of prompt tokens by to predict a wait. None before any prefill."""
+        seconds = sum(s for _, s in self.recent_prefill_steps)
+        return sum(t for t, _ in self.recent_prefill_steps) / seconds if seconds > 0 else None
 
 
 def _resolve(config: EngineConfig, checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
@@ -217,10 +225,14 @@ class LLMEngine:
         items, logits = self.runner.execute(scheduled)
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
-        self.counters.prompt_tokens_computed += sum(_prompt_tokens_in(s) for s in scheduled)
+        prompt_tokens = sum(_prompt_tokens_in(s) for s in scheduled)
+        self.counters.prompt_tokens_computed += prompt_tokens
         seqs = [item.seq for item in items]
         tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids)
-        self.counters.recent_step_seconds.append(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.counters.recent_step_seconds.append(seconds)
+        if prompt_tokens:
+            self.counters.recent_prefill_steps.append((prompt_tokens, seconds))
         return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
 
     def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:

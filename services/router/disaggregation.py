@@ -3,9 +3,10 @@ on the decode worker (vLLM's and Dynamo's "conditional disagg").
 
 Remote prefill keeps long prompts from stalling the decode worker's running streams, but costs a queue at the pool
 and a KV transfer. So the prompt is computed locally when that is cheap (few uncached tokens, for example a follow-up
-turn whose history the decode worker already holds), or when the pool is backed up and the decode worker has KV room
-to spare; a decode worker short of KV would have to preempt its own streams to compute the prompt, so then the
-request waits for the pool instead.
+turn whose history the decode worker already holds), or when the pool is backed up, the decode worker would start
+on it sooner, and it has KV room to spare; a decode worker short of KV would have to preempt its own streams to
+compute the prompt, so then the request waits for the pool instead. Without the "sooner", an overloaded pool
+pushes its whole backlog onto the decode workers, which then stall every stream they serve.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class DisaggReason(str, enum.Enum):
     LONG_PREFILL = "long_prefill"
     PREFILL_POOL_BUSY = "prefill_pool_busy"
     DECODE_KV_LOW = "decode_kv_low"
+    DECODE_BUSIER = "decode_busier"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class DisaggInputs:
     decode_free_kv_blocks: int
     block_size: int
     prefill_queue_s: float | None  # predicted wait at the chosen prefill worker; None when there is none
+    decode_queue_s: float = 0.0  # predicted wait for the prompt tokens already queued on the decode worker
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ def decide(inputs: DisaggInputs, policy: DisaggPolicy) -> DisaggDecision:
         return DisaggDecision(False, DisaggReason.SHORT_PREFILL)
     if inputs.prefill_queue_s <= policy.max_prefill_queue_s:
         return DisaggDecision(True, DisaggReason.LONG_PREFILL)
+    if inputs.decode_queue_s >= inputs.prefill_queue_s:
+        return DisaggDecision(True, DisaggReason.DECODE_BUSIER)
     needed_blocks = math.ceil(inputs.uncached_tokens / inputs.block_size)
     if inputs.decode_free_kv_blocks >= policy.local_kv_headroom * needed_blocks:
         return DisaggDecision(False, DisaggReason.PREFILL_POOL_BUSY)

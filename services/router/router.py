@@ -229,6 +229,7 @@ class Router:
             if worker is None:
                 return False
             worker.on_stats(LoadReport.from_stats(stats))
+            self.predictor.measured(stats.worker_id, getattr(stats, "prefill_tokens_per_s", 0.0))
             self._dispatch(self._clock())
             return True
 
@@ -343,8 +344,10 @@ class Router:
             prefill_queue_s = self.predictor.predict(prefill_pick.worker.worker_id,
                                                      prefill_pick.worker.queued_prefill_tokens(), 0)
         decode = decode_pick.worker
+        decode_queue_s = self.predictor.predict(decode.worker_id, decode.queued_prefill_tokens(), 0)
         decision = decide(DisaggInputs(sreq.uncached_tokens(decode.worker_id), decode.free_kv_blocks(),
-                                       self.config.block_size, prefill_queue_s), self.disagg_policy)
+                                       self.config.block_size, prefill_queue_s, decode_queue_s),
+                          self.disagg_policy)
         prefill = prefill_pick.worker if decision.remote and prefill_pick is not None else None
         computing = prefill if prefill is not None else decode
         predicted = self.predictor.predict(computing.worker_id, computing.queued_prefill_tokens(),

@@ -164,7 +164,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             prefill_tokens_queued=e.scheduler.prefill_tokens_queued(),
             recent_step_ms=[s * 1000 for s in list(e.counters.recent_step_seconds)],
             num_leases=len(self.prefill_side.leases), draining=self.draining, block_size=e.blocks.block_size,
-            model=e.model_id)
+            model=e.model_id, prefill_tokens_per_s=e.counters.prefill_tokens_per_s() or 0.0)
 
     async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVEventBatch]:

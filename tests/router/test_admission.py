@@ -128,3 +128,14 @@ def test_ttft_predictor_learns_rate_with_ewma():
     p.observe("w", 100, 0, 0.05)  # faster than the overhead: also nothing
     assert p.tokens_per_s("w") == pytest.approx(2500.0)
     assert p.pool_tokens_per_s(["w", "other"]) == pytest.approx(3500.0)
+
+
+def test_a_workers_own_measured_rate_wins_over_what_releases_taught():
+    p = TTFTPredictor(initial_tokens_per_s=8000.0, alpha=0.5, overhead_s=0.0)
+    p.observe("w", queued_tokens=0, uncached_tokens=4000, observed_ttft_s=1.0)  # EWMA: 6000/s
+    p.measured("w", 0.0)  # the worker has computed no prompt yet: nothing to go on
+    assert p.tokens_per_s("w") == pytest.approx(6000.0)
+    p.measured("w", 500.0)  # a slow CPU worker, which a few releases at 8000/s initial would take long to learn
+    assert p.predict("w", queued_tokens=2000, uncached_tokens=500) == pytest.approx(5.0)
+    p.forget("w")
+    assert p.tokens_per_s("w") == pytest.approx(8000.0)

@@ -250,7 +250,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model")
+    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,7 @@ class WorkerStats(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: Role
     timestamp_unix_ms: int
@@ -277,7 +278,8 @@ class WorkerStats(_message.Message):
     draining: bool
     block_size: int
     model: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    prefill_tokens_per_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class StreamKVEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)
