@@ -11,14 +11,14 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from baton.loadtest.client import Target, send_completion
 from baton.loadtest.progress import Progress
 from baton.loadtest.scenarios import LoadRequest
-from baton.loadtest.stats import FAILED, RequestResult
+from baton.loadtest.stats import FAILED, OK, RequestResult
 
 PromptOf = Callable[[LoadRequest], "list[int] | str"]
 
@@ -28,6 +28,7 @@ class RunResult:
     results: list[RequestResult]
     duration_s: float  # first send to last answer (or the drain deadline)
     scheduled: int
+    answered_prompts: list[list[int]] = field(default_factory=list)  # the answered requests' prompts, in send order
 
 
 class _Run:
@@ -38,6 +39,7 @@ class _Run:
         self.progress = progress
         self.origin = time.perf_counter()
         self.results: list[RequestResult] = []
+        self.answered: list[tuple[float, list[int]]] = []
         # Multi-turn: each session's latest turn, which its next turn waits for.
         self.sessions: dict[int, asyncio.Task] = {}
 
@@ -54,7 +56,12 @@ class _Run:
             result = RequestResult(self.elapsed(), FAILED, prompt_tokens=len(request.prompt),
                                    error=f"not finished {self.drain_timeout_s:g}s after the end of the run")
         self.results.append(result)
+        if result.status == OK:
+            self.answered.append((result.start_s, request.prompt))
         self.progress.done(result)
+
+    def answered_in_order(self) -> list[list[int]]:
+        return [prompt for _, prompt in sorted(self.answered, key=lambda pair: pair[0])]
 
     def spawn(self, client: httpx.AsyncClient, request: LoadRequest) -> asyncio.Task:
         after = self.sessions.get(request.session) if request.session is not None else None
@@ -116,7 +123,7 @@ async def run_open_loop(target: Target, schedule: list[tuple[float, LoadRequest]
             await _open_loop(run, client, schedule)
     finally:
         progress.close()
-    return RunResult(run.results, _span(run), len(schedule))
+    return RunResult(run.results, _span(run), len(schedule), run.answered_in_order())
 
 
 async def run_closed_loop(target: Target, requests: Iterator[LoadRequest], concurrency: int, duration_s: float,
@@ -128,7 +135,7 @@ async def run_closed_loop(target: Target, requests: Iterator[LoadRequest], concu
             await _closed_loop(run, client, requests, concurrency)
     finally:
         progress.close()
-    return RunResult(run.results, _span(run), len(run.results))
+    return RunResult(run.results, _span(run), len(run.results), run.answered_in_order())
 
 
 def _span(run: _Run) -> float:

@@ -85,17 +85,18 @@ class LoadTest:
 
     async def _run(self, rate: float | None, point: int = 0) -> dict:
         before = self._scrape()
-        bound = None  # known for open loops only: a closed loop's prompts depend on how fast answers come
         if rate is not None:
             plan, arrivals = self._schedule(rate, point)
             result = await run_open_loop(self.target, plan, self.duration_s, self.drain_timeout_s,
                                          self.show_progress)
-            bound = prefix_reuse_bound([r.prompt for at, r in plan if at < self.duration_s], self.block_size)
         else:
             arrivals = {"arrivals": "closed-loop", "concurrency": self.concurrency}
             result = await run_closed_loop(self.target, iter_requests(self.spec), self.concurrency or 1,
                                            self.duration_s, self.drain_timeout_s, self.show_progress)
-        summary = {**summarize(result.results, result.duration_s, self.slo), "prefix_reuse_bound": bound}
+        # Over the answered requests only: a refused prompt never reached a cache, so it can neither hit nor seed
+        # hits, and a server that refuses its cache misses must not seem to beat the bound.
+        summary = {**summarize(result.results, result.duration_s, self.slo),
+                   "prefix_reuse_bound": prefix_reuse_bound(result.answered_prompts, self.block_size)}
         if before is not None:
             summary["server"] = self._server_quantiles(before)
         return {"rate": rate, "workload": self.spec.name, **arrivals, "scheduled": result.scheduled,
