@@ -14,11 +14,12 @@ from itertools import pairwise
 
 import httpx
 
+from baton.loadtest.scenarios import LoadRequest
 from baton.loadtest.stats import FAILED, OK, REFUSED, RequestResult
 
 # Status codes that mean "not now" by design (rate limit, admission control, overload), not a broken server.
 REFUSAL_STATUSES = (429, 503)
-
+PromptOf = Callable[[LoadRequest], "list[int] | str"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Target:
     url: str  # …/v1
     model: str
     api_key: str | None = None
-    prompt_of: Callable = lambda request: request.prompt  # LoadRequest -> ids, or text for servers that take no ids
+    prompt_of: PromptOf = lambda request: request.prompt  # ids, or text for servers that take no token ids
     # ignore_eos makes the output exactly max_tokens long on servers that support it (vLLM, Baton), so the work per
     # request is the workload's, not the random model's. Servers that refuse unknown fields (`transformers serve`)
     # need it off; usage then gives the real count.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -19,9 +19,6 @@ from baton.loadtest.client import Target, send_completion
 from baton.loadtest.progress import Progress
 from baton.loadtest.scenarios import LoadRequest
 from baton.loadtest.stats import FAILED, OK, RequestResult
-
-PromptOf = Callable[[LoadRequest], "list[int] | str"]
-
 
 @dataclass
 class RunResult:

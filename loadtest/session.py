@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from baton.loadtest import report
 from baton.loadtest.arrivals import gamma_arrivals, rescaled_trace_arrivals, trace_time_factor
 from baton.loadtest.prometheus import diff, histogram_quantile, scrape_histogram
-from baton.loadtest.runner import PromptOf, RunResult, Target, run_closed_loop, run_open_loop, schedule
+from baton.loadtest.client import PromptOf, Target
+from baton.loadtest.runner import RunResult, run_closed_loop, run_open_loop, schedule
 from baton.loadtest.scenarios import WorkloadSpec, iter_requests
 from baton.loadtest.stats import SLO, distserve_goodput, prefix_reuse_bound, summarize
 from baton.loadtest.traces import TRACE_FILES
@@ -51,7 +52,7 @@ class LoadTest:
         target = Target(args.url, args.model, args.api_key, prompt_of, args.ignore_eos)
         return cls(target, spec, args.duration, args.drain_timeout, args.rate, args.concurrency, arrivals,
                    args.burstiness, SLO(args.slo_ttft_ms, args.slo_tpot_ms), args.plots, args.server_metrics,
-                   not args.no_progress)
+                   show_progress=not args.no_progress, warmup=args.warmup, block_size=args.block_size)
 
     def _schedule(self, rate: float, point: int) -> tuple[list, dict]:
         if self.arrivals != "trace":
@@ -64,9 +65,9 @@ class LoadTest:
         # points go on where the earlier ones stopped.
         wanted = int(rate * self.duration_s * 2) + 16
         rows = list(itertools.islice(iter_requests(self.spec), self._trace_rows_used, self._trace_rows_used + wanted))
-        self._trace_rows_used += len(rows)
         trace_s = [r.trace_s for r in rows]
         times = rescaled_trace_arrivals(trace_s, rate, self.duration_s)
+        self._trace_rows_used += len(times)  # the rows this point sends; the rest open the next point
         return list(zip(times, rows)), {"arrivals": "trace", "trace_speedup": trace_time_factor(trace_s, rate),
                                         "length_scale": self.spec.length_scale}
 

@@ -36,7 +36,7 @@ def router_args(body: Obj, spec: Obj, settings: OperatorSettings) -> list[str]:
     # Prefix hashes are per block, so the router must cut prompts as the workers do.
     sizes = {pool.get("engineArgs", {}).get("block-size") for pool in spec["pools"].values()} - {None}
     if sizes:
-        args += ["--block-size", min(sizes)]
+        args += ["--block-size", min(sizes, key=int)]  # engineArgs values are strings: compare them as numbers
     return args
 
 

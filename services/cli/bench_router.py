@@ -200,7 +200,7 @@ def bench_replay(args: argparse.Namespace) -> list[dict]:
     requests = build_requests(read_trace("mooncake-conv", limit=args.requests), pool, args.trace_scale,
                               args.speedup, max_len=2048, seed=args.seed)
     engine_config = EngineConfig(engine="sim", model=str(model_dir), num_kv_blocks=args.kv_blocks)
-    bound = unlimited_cache_hit_ratio(requests, engine_config.block_size, model_dir.name)
+    bound = unlimited_cache_hit_ratio(requests, engine_config.block_size)
     workers = args.replay_workers
     rows = []
     for policy in args.policies:

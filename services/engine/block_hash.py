@@ -22,16 +22,12 @@ def root_hash(model_id: str, cache_salt: str | None = None) -> int:
     return _digest(HASH_SEED + b"\0" + model_id.encode() + b"\0" + salt)
 
 
-def chain_hash(parent: int, token_ids: Sequence[int]) -> int:
-    return _digest(parent.to_bytes(8, "little") + array("q", token_ids).tobytes())
-
-
 def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str, cache_salt: str | None = None,
                  start: int = 0, parent: int | None = None) -> list[int]:
     """Keys of the full blocks of token_ids, from block index `start` (whose parent key is `parent`)."""
     h = root_hash(model_id, cache_salt) if parent is None else parent
-    # The same bytes chain_hash hashes, with the token array packed once rather than once per block (the
-    # router hashes every prompt on its decision path).
+    # Each key digests the parent key's 8 bytes and the block's token ids as int64; the token array is packed
+    # once rather than once per block (the router hashes every prompt on its decision path).
     data = array("q", token_ids[start * block_size:(len(token_ids) // block_size) * block_size]).tobytes()
     stride = block_size * 8
     keys = []

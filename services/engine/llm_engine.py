@@ -43,7 +43,9 @@ class EngineCounters:
 
 
 def _resolve(config: EngineConfig, checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
+    # The simulated engine computes nothing: its logits are CPU tensors, and simulated workers need no CUDA context.
+    device = torch.device("cpu" if config.engine == "sim" else
+                          "cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
     if config.dtype != "auto":
         return device, DTYPES[config.dtype]

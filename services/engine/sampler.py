@@ -68,10 +68,12 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 
 def _draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
-    # Each row's noise is drawn on its generator's device and then moved: a seeded request's CPU generator thus
-    # gives the same stream whatever device the logits are on, and the engine's own generator lives with them.
-    noise = torch.stack([torch.empty(probs.shape[1], dtype=probs.dtype, device=g.device).exponential_(generator=g)
-                         for g in (seq.generator or generator for seq in seqs)]).to(probs.device)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    for row, seq in enumerate(seqs):
+        if seq.generator is not None:
+            # A seeded request's generator is a CPU one: drawing there and copying keeps its stream the same
+            # whatever device the logits are on.
+            noise[row].copy_(torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(generator=seq.generator))
     return (probs / noise).argmax(dim=1)
 
 

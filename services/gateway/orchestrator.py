@@ -63,7 +63,6 @@ class Orchestrator:
         self.router = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
         self.max_migrations = max_migrations
         self._workers: dict[str, worker_pb2_grpc.WorkerStub] = {}
-        self.migrations = 0  # total, for metrics
 
     def worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
         stub = self._workers.get(address)
@@ -104,13 +103,14 @@ class Orchestrator:
                     failed_worker = placement.decode_worker_id
                     log.warning("request %s: worker %s lost after %d tokens (%s); migrating", choice.request_id,
                                 failed_worker, len(progress.tokens), e.code().name)
-                    await self._release(placement, progress, failed_worker)
+                    released, placement = placement, None  # released once, even if the new place() fails
+                    await self._release(released, progress, failed_worker)
                     progress.migrations += 1
-                    self.migrations += 1
                     placement = await self.place(choice, progress.tokens)
                     failed_worker = ""
         finally:
-            await asyncio.shield(self._release(placement, progress, failed_worker))
+            if placement is not None:
+                await asyncio.shield(self._release(placement, progress, failed_worker))
 
     def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement,
                  tokens: list[int]) -> AsyncIterator[worker_pb2.GenerateResponse]:

@@ -134,7 +134,7 @@ class Serving:
 
     async def stream(self, api: ApiRequest, running: Running) -> AsyncIterator[str]:
         writer = ChunkWriter(api.oai, api.response_id, self.gateway.model_name, self.text_of)
-        last_token_at: float | None = None
+        last_token_at: dict[int, float] = {}  # per choice: n choices interleave, and ITL is a gap within one
         try:
             if writer.chat:
                 for state in running.states:
@@ -149,9 +149,9 @@ class Serving:
                 logprobs = state.add(item)
                 if item.token_ids:
                     now = time.monotonic()
-                    if last_token_at is not None:
-                        self.gateway.metrics.itl.observe(now - last_token_at)
-                    last_token_at = now
+                    if index in last_token_at:
+                        self.gateway.metrics.itl.observe(now - last_token_at[index])
+                    last_token_at[index] = now
                 yield writer.delta(state, item, logprobs)
             options = api.oai.stream_options
             if options is not None and options.include_usage:

@@ -16,9 +16,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from baton.loadtest.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
-from baton.loadtest.workloads import MooncakeBlocks
-from baton.services.engine.block_hash import block_hashes
+from baton.loadtest.stats import prefix_reuse_bound
+from baton.loadtest.traces import TraceRequest
+from baton.loadtest.workloads import scaled_trace
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.sampling_params import SamplingParams
@@ -78,17 +78,10 @@ class _Clock:
 
 def build_requests(rows: Sequence[TraceRequest], pool, scale: float, speedup: float, max_len: int,
                    seed: int = 0) -> list[ReplayRequest]:
-    """Mooncake rows with lengths divided by `scale` (each hash id a block of 512/scale tokens) and arrivals
-    compressed by `speedup`; rows longer than max_len after scaling are left out."""
-    blocks = MooncakeBlocks(int(MOONCAKE_BLOCK_TOKENS / scale), pool, seed)
-    out = []
-    for i, row in enumerate(rows):
-        in_len = min(max(1, round(row.input_len / scale)), len(row.hash_ids) * blocks.block_len)
-        out_len = max(1, round(row.output_len / scale))
-        if in_len + out_len > max_len:
-            continue
-        out.append(ReplayRequest(f"trace-{i}", row.arrival_s / speedup, blocks.prompt(row.hash_ids, in_len), out_len))
-    return out
+    """The load test's scaled trace (loadtest.workloads.scaled_trace: lengths divided by `scale`, each hash id a
+    block of 512/scale tokens, rows longer than max_len left out) with arrivals compressed by `speedup`."""
+    return [ReplayRequest(f"trace-{i}", row.arrival_s / speedup, prompt, out_len)
+            for i, (row, (prompt, out_len)) in enumerate(scaled_trace(rows, scale, pool, seed, max_len))]
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -97,20 +90,9 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def unlimited_cache_hit_ratio(requests: Sequence[ReplayRequest], block_size: int, model: str) -> float:
+def unlimited_cache_hit_ratio(requests: Sequence[ReplayRequest], block_size: int) -> float:
     """The bound: every block ever computed stays cached everywhere (one infinite cache)."""
-    seen: set[int] = set()
-    hits = total = 0
-    for r in requests:
-        hashes = block_hashes(r.prompt, block_size, model)
-        cached = 0
-        while cached < len(hashes) and hashes[cached] in seen:
-            cached += 1
-        # An engine always computes at least the prompt's last token, as the real prefix cache does.
-        hits += min(cached * block_size, len(r.prompt) - 1)
-        total += len(r.prompt)
-        seen.update(hashes)
-    return hits / total if total else 0.0
+    return prefix_reuse_bound([r.prompt for r in requests], block_size) or 0.0
 
 
 class Replay:

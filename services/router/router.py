@@ -229,7 +229,7 @@ class Router:
             if worker is None:
                 return False
             worker.on_stats(LoadReport.from_stats(stats))
-            self.predictor.measured(stats.worker_id, getattr(stats, "prefill_tokens_per_s", 0.0))
+            self.predictor.measured(stats.worker_id, stats.prefill_tokens_per_s)
             self._dispatch(self._clock())
             return True
 

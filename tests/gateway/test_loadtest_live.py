@@ -12,7 +12,7 @@ from baton.loadtest.arrivals import poisson_arrivals
 from baton.loadtest.prometheus import bucket_of, diff, histogram_quantile, scrape_histogram
 from baton.loadtest.runner import Target, run_open_loop, schedule
 from baton.loadtest.scenarios import WorkloadSpec, iter_requests
-from baton.loadtest.stats import FAILED, OK, REFUSED, percentiles
+from baton.loadtest.stats import FAILED, OK, percentiles
 from tests.gateway.stack import blocks_all_free
 
 HISTOGRAMS = {"ttft": "baton_gateway_time_to_first_token_seconds",
@@ -52,7 +52,6 @@ def test_loadtest_loses_no_request_and_leaves_the_stack_healthy(colocated, run):
     statuses = [r.status for r in result.results]
     assert len(statuses) == result.scheduled >= 40
     assert statuses.count(FAILED) == 0, [r.error for r in result.results if r.status == FAILED][:3]
-    assert all(r.error for r in result.results if r.status == REFUSED)  # a refusal says why
     assert statuses.count(OK) >= 0.9 * len(statuses)
     assert all(s.process.poll() is None for s in colocated.services)
     assert urllib.request.urlopen(f"http://127.0.0.1:{colocated.port}/health", timeout=5).status == 200

@@ -69,7 +69,9 @@ def test_logprobs_stop_and_n(client, model):
     chat = client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=6, n=3, temperature=1.0, seed=5, logprobs=True, top_logprobs=2)
     assert [c.index for c in chat.choices] == [0, 1, 2]
-    assert all(len(c.logprobs.content) == len(c.message.content and c.logprobs.content) for c in chat.choices)
+    # One logprob entry per generated token, across the n choices, each with its top 2.
+    assert sum(len(c.logprobs.content) for c in chat.choices) == chat.usage.completion_tokens
+    assert all(len(entry.top_logprobs) == 2 for c in chat.choices for entry in c.logprobs.content)
 
 
 def test_seeded_sampling_reproduces(client, model):

@@ -18,3 +18,14 @@ def test_sweep_points_send_different_prompts_and_each_point_is_reproducible():
     assert len(first) > 20 and len(second) > 20
     assert not first & second
     assert prompts(test, 2.0, 1) == second
+
+
+def test_from_args_carries_every_option_through():
+    from baton.services.cli.main import build_parser
+
+    args = build_parser("loadtest").parse_args(
+        ["loadtest", "--url", "http://unused/v1", "--model", "m", "--rate", "1", "--warmup", "8", "--block-size", "32",
+         "--no-ignore-eos", "--no-progress", "--slo-ttft-ms", "500"])
+    test = LoadTest.from_args(args, WorkloadSpec("synthetic", 512), lambda request: request.prompt)
+    assert (test.warmup, test.block_size, test.show_progress, test.target.ignore_eos) == (8, 32, False, False)
+    assert (test.rate, test.slo.ttft_ms) == (1.0, 500)

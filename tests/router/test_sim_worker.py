@@ -53,7 +53,7 @@ def test_prefix_routing_beats_round_robin_on_a_shared_prefix_replay(sim_config):
             for t, (turn, c) in enumerate((turn, c) for turn in range(4) for c in range(10))]
     pool = token_pool(512, {0, 1, 2})
     requests = build_requests(rows, pool, scale=32, speedup=1.0, max_len=2048)
-    bound = unlimited_cache_hit_ratio(requests, 16, "llama")
+    bound = unlimited_cache_hit_ratio(requests, 16)
     results = {policy: Replay(policy, sim_config.model_copy(update=dict(num_kv_blocks=512)), RouterConfig(), 4,
                               ttft_slo_s=1.0).run(requests) for policy in ("prefix", "round-robin")}
     assert all(r.requests == 40 and r.rejected == 0 for r in results.values())
