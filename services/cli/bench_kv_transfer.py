@@ -1,4 +1,6 @@
-"""`baton bench kv-transfer`: NIXL against the gRPC transport, between two processes on this machine.
+"""`baton bench kv-transfer`: the KV transports against each other, between two processes on this machine, over
+host caches (`--device cpu`: NIXL and gRPC) or GPU caches (`--device cuda`: NIXL over UCX's CUDA transports and
+the direct CUDA IPC transport; gRPC works too, through the host).
 
 A child process plays the prefill worker (its cache, its NIXL agent, a gRPC server with PullKV); this process
 plays the decode worker and READs hand-offs of growing size into random local blocks from random remote blocks,
@@ -25,7 +27,10 @@ from baton.services.worker.kv_transfer.grpc_transport import byte_view
 from baton.services.worker.kv_transfer.loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 
 DEFAULT_SIZES = (1, 4, 16, 64, 256, 1024)
-TRANSPORTS = ("nixl", "grpc")
+TRANSPORTS = ("nixl", "grpc", "cuda_ipc")
+DEFAULT_TRANSPORTS = {"cpu": ["nixl", "grpc"], "cuda": ["nixl", "cuda_ipc"]}
+# Named cache shapes: (layers, block size, KV heads, head dim, dtype).
+LAYOUTS = {"llama-8b": (32, 16, 8, 128, "bfloat16")}
 
 
 @dataclass
@@ -46,6 +51,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
                     "one Llama-3.1-8B (layer, block): 16 tokens x 8 KV heads x 128 dims x bf16, K and V = 64 KiB.")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N",
                         help="blocks per hand-off [default: 1 4 16 64 256 1024]")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default=None,
+                        help="a named cache shape; llama-8b: 32 layers, 8 KV heads x 128 dims, 16-token blocks, "
+                             "bf16 (overrides the four shape flags below)")
     parser.add_argument("--num-layers", type=int, default=8,
                         help="layers per block (Llama-3.1-8B has 32; 8 keeps two 1,024-block caches at 512 MiB "
                              "each) [default: 8]")
@@ -53,8 +61,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-heads", type=int, default=8, help="KV heads [default: 8]")
     parser.add_argument("--head-dim", type=int, default=128, help="head dimension [default: 128]")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both caches live [default: cpu]")
     parser.add_argument("--repeats", type=int, default=10, help="timed reads per size and transport [default: 10]")
-    parser.add_argument("--transports", choices=TRANSPORTS, nargs="+", default=list(TRANSPORTS))
+    parser.add_argument("--transports", choices=TRANSPORTS, nargs="+", default=None,
+                        help="[default: nixl grpc on cpu, nixl cuda_ipc on cuda]")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per read [default: 60]")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", type=Path, default=None, help="write every figure and the machine here")
@@ -64,6 +75,14 @@ def register(kinds: argparse._SubParsersAction) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if min(args.sizes) < 1 or args.repeats < 1 or args.num_layers < 1:
         raise ValueError("--sizes, --repeats and --num-layers must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA device, and torch sees none")
+    if args.transports is None:
+        args.transports = DEFAULT_TRANSPORTS[args.device]
+    if "cuda_ipc" in args.transports and args.device != "cuda":
+        raise ValueError("the cuda_ipc transport needs --device cuda")
+    if args.layout is not None:
+        args.num_layers, args.block_size, args.kv_heads, args.head_dim, args.dtype = LAYOUTS[args.layout]
 
 
 def run_kv_transfer(args: argparse.Namespace) -> int:
@@ -74,17 +93,17 @@ def run_kv_transfer(args: argparse.Namespace) -> int:
         return 2
     machine = machine_info()
     shape = CacheShape(args.num_layers, max(args.sizes), args.block_size, args.kv_heads, args.head_dim, args.dtype)
-    print(f"block: {shape.block_nbytes()} bytes per (layer, block), {shape.num_layers} layers; "
+    print(f"{args.device} caches; block: {shape.block_nbytes()} bytes per (layer, block), {shape.num_layers} layers; "
           f"{shape.num_blocks} blocks per cache; {args.repeats} timed reads per size", flush=True)
-    source = SourceProcess(SourceSpec(shape, args.seed, f"bench-src-{free_port()}", free_port(),
-                                      free_port())).start()
-    local = torch.zeros(shape.dims(), dtype=getattr(torch, shape.dtype))
+    source = SourceProcess(SourceSpec(shape, args.seed, f"bench-src-{free_port()}", free_port(), free_port(),
+                                      args.device, free_port(), tuple(args.transports))).start()
+    local = torch.zeros(shape.dims(), dtype=getattr(torch, shape.dtype), device=args.device)
     results: list[SizeResult] = []
     notified: dict[str, int] = {}
     try:
         for kind in args.transports:
             transport = make_transport(kind, local, f"bench-dst-{free_port()}", "127.0.0.1",
-                                       free_port() if kind == "nixl" else 0, metrics=False)
+                                       0 if kind == "grpc" else free_port(), metrics=False)
             try:
                 results += [_measure(transport, source, local, n, args) for n in args.sizes]
             finally:

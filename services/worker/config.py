@@ -21,10 +21,15 @@ class WorkerConfig(BatonSettings):
     router: str | None = Field(
         None, description="host:port of a router to register with and heartbeat (unset: the router finds this "
                           "worker from its static list or EndpointSlices)")
-    kv_transport: Literal["nixl", "grpc"] = Field(
-        "nixl", description="How decode workers pull KV blocks: NIXL (UCX) or block bytes over gRPC streaming")
+    kv_transport: Literal["nixl", "grpc", "cuda_ipc"] = Field(
+        "nixl", description="How decode workers pull KV blocks: NIXL (UCX), block bytes over gRPC streaming, or "
+                            "cuda_ipc (same-node GPU caches copied directly, no UCX; CUDA caches only)")
     kv_port: int | None = Field(
-        None, ge=0, le=65535, description="NIXL metadata listener port (default: the gRPC port + 1)")
+        None, ge=0, le=65535,
+        description="NIXL metadata (or CUDA IPC handle) listener port (default: the gRPC port + 1)")
+    kv_ucx_tls: str | None = Field(
+        None, description="UCX_TLS for NIXL over a CUDA cache (default: UCX_TLS if set, else "
+                          "cuda_ipc,cuda_copy,sm,tcp,self); add rc for GPUDirect RDMA between nodes")
     lease_seconds: float = Field(
         30.0, gt=0, description="How long a prefill worker holds a prompt's blocks for its decode worker")
     transfer_timeout_seconds: float = Field(10.0, gt=0, description="A KV read slower than this counts as failed")

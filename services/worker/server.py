@@ -44,7 +44,7 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     metrics = WorkerMetrics(registry, engine.model_id)
     transport = make_transport(config.kv_transport, engine.runner.attention.kv_cache, name=f"baton-{worker_id}",
                                host=host, port=port if config.kv_transport == "grpc" else config.kv_port or port + 1,
-                               registry=registry)
+                               registry=registry, ucx_tls=config.kv_ucx_tls)
     loop = EngineLoop(engine, asyncio.get_running_loop())
     events = KVEventLog(config.kv_event_buffer)
     loop.after_step.append(lambda e: _publish_events(e, events))

@@ -9,20 +9,30 @@ from prometheus_client import CollectorRegistry
 from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport, TransferResult
 from baton.services.worker.kv_transfer.telemetry import TransferMetrics
 
-__all__ = ["KVLayout", "KVPeer", "KVTransferError", "KVTransport", "TransferResult", "make_transport"]
+__all__ = ["KVLayout", "KVPeer", "KVTransferError", "KVTransport", "TRANSPORT_KINDS", "TransferResult",
+           "TransportKind", "make_transport"]
 
 
-def make_transport(kind: Literal["nixl", "grpc"], kv_cache: torch.Tensor, name: str, host: str, port: int,
-                   registry: CollectorRegistry | None = None, metrics: bool = True) -> KVTransport:
+TransportKind = Literal["nixl", "grpc", "cuda_ipc"]
+TRANSPORT_KINDS: tuple[str, ...] = ("nixl", "grpc", "cuda_ipc")
+
+
+def make_transport(kind: TransportKind, kv_cache: torch.Tensor, name: str, host: str, port: int,
+                   registry: CollectorRegistry | None = None, metrics: bool = True,
+                   ucx_tls: str | None = None) -> KVTransport:
     """One transport over this worker's cache. `name` is the NIXL agent name (unique per worker process) and the
-    worker's id for gRPC; `port` is the NIXL metadata listener's port, or for gRPC the worker's own gRPC port,
-    which the worker's server answers PullKV on. Metrics go to `registry` (default: prometheus_client's)."""
+    worker's id for gRPC; `port` is the NIXL metadata (or CUDA IPC handle) listener's port, or for gRPC the
+    worker's own gRPC port, which the worker's server answers PullKV on. Metrics go to `registry` (default:
+    prometheus_client's). `ucx_tls` overrides UCX_TLS for NIXL over a CUDA cache."""
     transfer_metrics = TransferMetrics.for_registry(registry) if metrics else None
     if kind == "nixl":
         # Imported here so a worker on the gRPC transport never loads NIXL (or needs it installed).
         from baton.services.worker.kv_transfer.nixl_transport import NixlKVTransport
-        return NixlKVTransport(kv_cache, name, host, port, transfer_metrics)
+        return NixlKVTransport(kv_cache, name, host, port, transfer_metrics, ucx_tls)
+    if kind == "cuda_ipc":
+        from baton.services.worker.kv_transfer.cuda_ipc import CudaIpcKVTransport
+        return CudaIpcKVTransport(kv_cache, name, host, port, transfer_metrics)
     if kind == "grpc":
         from baton.services.worker.kv_transfer.grpc_transport import GrpcKVTransport
         return GrpcKVTransport(kv_cache, name, host, port, transfer_metrics)
-    raise ValueError(f"unknown KV transport {kind!r}: expected 'nixl' or 'grpc'")
+    raise ValueError(f"unknown KV transport {kind!r}: expected one of {', '.join(TRANSPORT_KINDS)}")

@@ -1,7 +1,7 @@
 """A stand-in prefill worker in a child process, for the transport tests and `baton bench kv-transfer`.
 
-The child owns a KV cache of seeded random bytes and serves it over both transports: its NIXL agent, and a gRPC
-server with only PullKV. The parent drives it over a pipe (notifications, digests, stop) and can kill it outright.
+The child owns a KV cache of seeded random bytes (on the CPU or a GPU) and serves it over every transport it can:
+its NIXL agent, a gRPC server with only PullKV, and on a GPU the CUDA IPC listener. The parent drives it over a pipe (notifications, digests, stop) and can kill it outright.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import torch
 
 from baton.services.worker.kv_transfer.base import KVPeer, KVTransferError
 from baton.services.worker.kv_transfer.grpc_transport import CHANNEL_OPTIONS, GrpcKVTransport, byte_view
-from baton.services.worker.kv_transfer.nixl_transport import NixlKVTransport
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -43,17 +42,24 @@ class CacheShape:
         return 2 * self.block_size * self.kv_heads * self.head_dim * getattr(torch, self.dtype).itemsize
 
 
-def random_cache(shape: CacheShape, seed: int) -> torch.Tensor:
-    """A cache whose every byte is drawn from `seed`, so the parent can rebuild the expected contents."""
-    cache = torch.empty(shape.dims(), dtype=getattr(torch, shape.dtype))
+def random_cache(shape: CacheShape, seed: int, device: str = "cpu") -> torch.Tensor:
+    """A cache whose every byte is drawn from `seed` on `device`, so the parent can rebuild the expected contents
+    (the same seed gives different bytes on the CPU and on a GPU)."""
+    cache = torch.empty(shape.dims(), dtype=getattr(torch, shape.dtype), device=device)
     raw = byte_view(cache).view(-1)
-    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, device=device, generator=generator))
     return cache
 
 
 def blocks_digest(cache: torch.Tensor, blocks: list[int]) -> str:
-    """A hash of every layer of `blocks`, layer-major, read in place."""
-    data, digest = byte_view(cache).numpy(), hashlib.blake2b(digest_size=16)
+    """A hash of every layer of `blocks`, layer-major (a GPU cache's blocks are gathered to the host first)."""
+    if cache.device.type != "cpu":
+        data = byte_view(cache)[:, list(blocks)].cpu().numpy()
+        blocks = list(range(len(blocks)))
+    else:
+        data = byte_view(cache).numpy()
+    digest = hashlib.blake2b(digest_size=16)
     for layer in range(data.shape[0]):
         for block in blocks:
             digest.update(data[layer, block])
@@ -91,15 +97,31 @@ class SourceSpec:
     agent_name: str
     nixl_port: int
     grpc_port: int
+    device: str = "cpu"
+    ipc_port: int = 0  # the CUDA IPC listener's (GPU caches only; 0: any free port)
+    transports: tuple[str, ...] = ("nixl", "grpc")  # what to serve; cuda_ipc needs a GPU cache
+
+
+def _source_transports(spec: SourceSpec, cache: torch.Tensor) -> dict[str, Any]:
+    transports: dict[str, Any] = {}
+    if "nixl" in spec.transports:
+        from baton.services.worker.kv_transfer.nixl_transport import NixlKVTransport
+        transports["nixl"] = NixlKVTransport(cache, spec.agent_name, "127.0.0.1", spec.nixl_port)
+    if "grpc" in spec.transports:
+        transports["grpc"] = GrpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.grpc_port)
+    if "cuda_ipc" in spec.transports:
+        from baton.services.worker.kv_transfer.cuda_ipc import CudaIpcKVTransport
+        transports["cuda_ipc"] = CudaIpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.ipc_port)
+    return transports
 
 
 def _source_main(spec: SourceSpec, conn: Any) -> None:
-    cache = random_cache(spec.shape, spec.seed)
-    nixl = NixlKVTransport(cache, spec.agent_name, "127.0.0.1", spec.nixl_port)
-    grpc_transport = GrpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.grpc_port)
-    server = serve_pull_kv(grpc_transport, spec.grpc_port)
-    conn.send({"nixl": nixl.local_peer(), "grpc": grpc_transport.local_peer()})
-    transports = {"nixl": nixl, "grpc": grpc_transport}
+    cache = random_cache(spec.shape, spec.seed, spec.device)
+    if cache.is_cuda:
+        torch.cuda.synchronize()
+    transports = _source_transports(spec, cache)
+    server = serve_pull_kv(transports["grpc"], spec.grpc_port) if "grpc" in transports else None
+    conn.send({kind: t.local_peer() for kind, t in transports.items()})
     while True:
         command, arg = conn.recv()
         if command == "notifications":
@@ -108,9 +130,10 @@ def _source_main(spec: SourceSpec, conn: Any) -> None:
             conn.send(blocks_digest(cache, arg))
         elif command == "stop":
             break
-    server.stop(grace=None)
-    nixl.close()
-    grpc_transport.close()
+    if server is not None:
+        server.stop(grace=None)
+    for transport in transports.values():
+        transport.close()
     conn.send("stopped")
 
 

@@ -4,13 +4,16 @@ The whole cache is registered once, and both sides' (layer, block) ranges are pr
 (the local one at start-up, a peer's on first contact), so a read only picks indices: one prepped READ moves every
 layer of every requested block and carries the notification that tells the peer its blocks may be released.
 
-UCX_TLS is left to UCX on purpose: its default picks shared memory / CMA between processes of one host and RDMA or
-TCP across hosts, and it is what the listener-based metadata exchange was verified with. Restricting it to
-`shm,self` fails to create the agent, and `tcp` alone works but is slower on one host.
+A read whose blocks form consecutive runs on both sides is instead built from one range per (layer, run)
+(descriptors.py), so UCX moves a few large pieces rather than many 64 KiB ones.
+
+On host memory UCX_TLS is left to UCX on purpose: its default picks shared memory / CMA between processes of one
+host and RDMA or TCP across hosts, and it is what the listener-based metadata exchange was verified with.
+Restricting it to `shm,self` fails to create the agent, and `tcp` alone works but is slower on one host. On GPU
+memory the transport first sets UCX up for its CUDA transports (nixl_loader.configure_ucx_for_cuda).
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import socket
 import threading
@@ -23,7 +26,11 @@ import torch
 
 from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, KVTransport, TransferResult,
                                                     check_read)
+from baton.services.worker.kv_transfer.descriptors import coalesced_tables
+from baton.services.worker.kv_transfer.nixl_loader import configure_ucx_for_cuda, load_nixl
 from baton.services.worker.kv_transfer.telemetry import TransferMetrics, observe_read
+
+__all__ = ["NixlKVTransport", "descriptor_indices", "descriptor_table", "load_nixl"]
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +38,6 @@ log = logging.getLogger(__name__)
 METADATA_REFETCH_S = 0.1
 # Polling starts with a short spin so small reads are not rounded up to a sleep; then it backs off.
 SPIN_S, MAX_SLEEP_S = 0.0002, 0.001
-
-
-def load_nixl() -> tuple[Any, Any]:
-    """nixl_agent and nixl_agent_config from the meta package `nixl`, else from the wheel `nixl_cu12`."""
-    for module in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
-        try:
-            api = importlib.import_module(module)
-        except ImportError:
-            continue
-        return api.nixl_agent, api.nixl_agent_config
-    raise ImportError("NIXL is not installed: pip install nixl-cu12 (or nixl)")
 
 
 def descriptor_table(layout: KVLayout, device_id: int) -> np.ndarray:
@@ -70,7 +66,9 @@ class NixlKVTransport(KVTransport):
     name = "nixl"
 
     def __init__(self, kv_cache: torch.Tensor, agent_name: str, host: str, port: int,
-                 metrics: TransferMetrics | None = None) -> None:
+                 metrics: TransferMetrics | None = None, ucx_tls: str | None = None) -> None:
+        if kv_cache.device.type == "cuda":
+            configure_ucx_for_cuda(ucx_tls)
         nixl_agent, nixl_agent_config = load_nixl()
         self._cache, self._host, self._port, self._metrics = kv_cache, host, port, metrics
         self._layout = KVLayout.of(kv_cache)
@@ -120,20 +118,31 @@ class NixlKVTransport(KVTransport):
         if not remote_blocks:
             self._notify(peer, notification, fresh)
             return
-        layers = self._layout.num_layers
-        local_ids = descriptor_indices(layers, self._layout.num_blocks, local_blocks)
-        remote_ids = descriptor_indices(layers, peer.layout.num_blocks, remote_blocks)
         with self._lock:
             remote = self._remotes.get(peer.name)
             if remote is None:
                 raise KVTransferError(f"NIXL peer {peer.name} was dropped by a concurrent failed read", "failed")
             try:
-                handle = self._agent.make_prepped_xfer("READ", self._local_dlist, local_ids, remote.dlist,
-                                                       remote_ids, notification)
+                handle = self._make_read(peer, remote, remote_blocks, local_blocks, notification)
             except Exception as e:  # the bindings raise one unrelated class per NIXL status
                 self._drop_locked(peer.name)
                 raise _failure(peer, f"preparing the READ failed: {e!r}", fresh) from e
         self._run(handle, peer, fresh, deadline)
+
+    def _make_read(self, peer: KVPeer, remote: _Remote, remote_blocks: list[int], local_blocks: list[int],
+                   notification: bytes) -> Any:
+        """A READ over merged runs where blocks are consecutive on both sides, else over the prepared lists."""
+        tables = coalesced_tables(self._layout, peer.layout, remote_blocks, local_blocks, self._device_id,
+                                  self._device_id)
+        if tables is not None:
+            local_descs = self._agent.get_xfer_descs(tables[0], self._mem_type)
+            remote_descs = self._agent.get_xfer_descs(tables[1], self._mem_type)
+            return self._agent.initialize_xfer("READ", local_descs, remote_descs, peer.name, notification)
+        layers = self._layout.num_layers
+        local_ids = descriptor_indices(layers, self._layout.num_blocks, local_blocks)
+        remote_ids = descriptor_indices(layers, peer.layout.num_blocks, remote_blocks)
+        return self._agent.make_prepped_xfer("READ", self._local_dlist, local_ids, remote.dlist, remote_ids,
+                                             notification)
 
     def _run(self, handle: Any, peer: KVPeer, fresh: bool, deadline: float) -> None:
         """Posts the READ and polls it to DONE; on any other outcome releases it and drops the peer."""

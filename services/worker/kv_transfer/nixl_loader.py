@@ -1,0 +1,94 @@
+"""Finding NIXL and preparing UCX for it: which wheel (per CUDA major), and UCX's settings for GPU memory.
+
+NIXL ships as `nixl` (a meta package) or as one wheel per CUDA major, `nixl_cu12` / `nixl_cu13`; install the one
+that matches the driver's CUDA (`pip install baton[cu12]` or `baton[cu13]`). A wheel that is present but cannot
+load (a missing libnixl.so in its hidden `.nixl_cu1X.mesonpy.libs/`, a CUDA runtime of the wrong major) must say
+so: that error, not "not installed", is what an operator needs to see.
+
+For GPU memory, UCX needs its CUDA transports, which these wheels bundle as modules in `nixl_cu1X.libs/ucx/` but
+which UCX does not find on its own (ai-dynamo/nixl#1628: VRAM is then "detected as host" or moved by "software
+emulation over tcp/lo"). `configure_ucx_for_cuda` points UCX_MODULE_DIR there and names the transports. tcp stays
+in UCX_TLS: UCX needs a transport that can connect endpoints from a worker address (cuda_ipc and sm alone cannot),
+which is why `cuda_ipc,cuda_copy,sm,self` failed to create the agent; UCX still moves VRAM over cuda_ipc.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Searched in this order: the meta package, then the per-CUDA-major wheels.
+NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
+# cuda_ipc: same-node GPU to GPU; cuda_copy: staging and host<->GPU; sm/self: host memory; tcp: wire-up (and the
+# path between nodes when there is no RDMA; add rc or ib for GPUDirect RDMA across nodes).
+CUDA_UCX_TLS = "cuda_ipc,cuda_copy,sm,tcp,self"
+
+
+def load_nixl() -> tuple[Any, Any]:
+    """nixl_agent and nixl_agent_config from the first NIXL package present. Raises ImportError that names the
+    real cause when a package is present but fails to load, and the install command when none is present."""
+    failures: list[str] = []
+    for name in NIXL_MODULES:
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            api = importlib.import_module(f"{name}._api")
+        except ImportError as e:
+            failures.append(f"{name}: {_describe(e)}")
+            continue
+        return api.nixl_agent, api.nixl_agent_config
+    if failures:
+        raise ImportError("NIXL is installed but does not load: " + "; ".join(failures))
+    raise ImportError("NIXL is not installed: pip install 'baton[cu12]' or 'baton[cu13]' (the wheel matching the "
+                      "CUDA major of the driver; nvidia-smi shows it), or nixl-cu12 / nixl-cu13 directly")
+
+
+def _describe(error: BaseException) -> str:
+    """The error and its chain: the binding's own ImportError often wraps the dlopen failure that matters."""
+    parts, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return " <- ".join(parts)
+
+
+def bundled_ucx_module_dir() -> Path | None:
+    """The folder of UCX modules (libuct_cuda.so, ...) inside the installed NIXL wheel, if any."""
+    for name in NIXL_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        site = Path(next(iter(spec.submodule_search_locations))).parent
+        for candidate in (site / f"{name}.libs" / "ucx", site / f".{name}.mesonpy.libs" / "ucx"):
+            if candidate.is_dir():
+                return candidate
+    return None
+
+
+def configure_ucx_for_cuda(ucx_tls: str | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Sets UCX's environment for VRAM before NIXL first loads UCX (UCX reads it once per process). Values the
+    operator already set are kept, except that an explicit `ucx_tls` (a Baton setting) wins. Returns what it set."""
+    env = os.environ if environ is None else environ
+    wanted = {"UCX_MEMTYPE_CACHE": "n"}  # registered memory carries its type; a stale cache misclassifies VRAM
+    module_dir = bundled_ucx_module_dir()
+    if module_dir is not None:
+        wanted["UCX_MODULE_DIR"] = str(module_dir)
+    wanted["UCX_TLS"] = CUDA_UCX_TLS
+    applied = {}
+    for key, value in wanted.items():
+        if key == "UCX_TLS" and ucx_tls:
+            value = ucx_tls
+        elif key in env:
+            continue
+        env[key] = value
+        applied[key] = value
+    if applied:
+        log.info("UCX set up for GPU memory: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
+    return applied
