@@ -68,11 +68,15 @@ def _wait_notifications(source: SourceProcess, kind: str, wanted: set[bytes], wa
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_read_subset_into_other_blocks(kind: str, source: SourceProcess, transports: dict[str, KVTransport],
+@pytest.mark.parametrize("remote_blocks, local_blocks", [
+    ([9, 2, 5, 0], [0, 6, 3, 4]),  # scattered: NIXL uses its prepared per-(layer, block) lists
+    ([2, 3, 4, 5, 8, 9], [0, 1, 2, 3, 5, 6]),  # two runs: NIXL reads one range per (layer, run)
+])
+def test_read_subset_into_other_blocks(kind: str, remote_blocks: list[int], local_blocks: list[int],
+                                       source: SourceProcess, transports: dict[str, KVTransport],
                                        local_cache: torch.Tensor, expected: torch.Tensor) -> None:
     local_cache.zero_()
-    remote_blocks, local_blocks = [9, 2, 5, 0], [0, 6, 3, 4]
-    note = f"req-{kind}-subset".encode()
+    note = f"req-{kind}-subset-{remote_blocks[0]}".encode()
     result = transports[kind].read(source.peers[kind], remote_blocks, local_blocks, note, TIMEOUT_S)
     assert result.num_bytes == len(remote_blocks) * SOURCE_SHAPE.num_layers * SOURCE_SHAPE.block_nbytes()
     got = byte_view(local_cache)
