@@ -197,3 +197,24 @@ def test_bench_kv_transfer_smoke(tmp_path: Path) -> None:
     assert {(r["transport"], r["blocks"]) for r in doc["results"]} == {(k, n) for k in KINDS for n in (1, 4)}
     assert all(r["verified"] and r["p50_ms"] > 0 for r in doc["results"])
     assert doc["notified"] == {"nixl": 6, "grpc": 6}
+
+
+def test_bench_kv_transfer_llama_8b_layout_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "kv8b.json"
+    assert main(["bench", "kv-transfer", "--device", "cpu", "--layout", "llama-8b", "--sizes", "2", "--repeats", "1",
+                 "--transports", "nixl", "--output-json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["block_nbytes"] == 2 * 16 * 8 * 128 * 2  # one (layer, block) of Llama-3.1-8B: 64 KiB
+    (row,) = doc["results"]
+    assert row["verified"] and row["bytes"] == 2 * 32 * doc["block_nbytes"]  # 32 layers
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--transports", "cuda_ipc"], "cuda_ipc transport needs --device cuda"),
+    pytest.param(["--device", "cuda"], "needs a CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
+])
+def test_bench_kv_transfer_refuses_what_the_machine_cannot_do(argv: list[str], message: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "kv-transfer", "--sizes", "1", *argv]) == 2
+    assert message in capsys.readouterr().err
