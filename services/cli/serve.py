@@ -1,6 +1,11 @@
 """`baton serve`: the whole stack on one machine, as local processes on loopback: workers (a prefill and a decode
 pool, or mixed workers), the router and the gateway. It waits until all are ready, prints the URL and a sample
-request, and stops everything (gateway first, workers last, each draining) on Ctrl-C or SIGTERM."""
+request, and stops everything (gateway first, workers last, each draining) on Ctrl-C or SIGTERM.
+
+On a GPU every worker runs on the same (first visible) device, so each gets a share of its memory: the workers
+together may use --gpu-memory-utilization of it, the prefill pool --prefill-memory-share of that, split evenly
+within each pool; a worker sizes its KV cache from its share (less its weights). On the CPU the shares are
+passed and ignored."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +14,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Sequence
 
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 
@@ -26,7 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prefill-workers", type=int, default=1, help="disaggregated: prefill workers [1]")
     parser.add_argument("--decode-workers", type=int, default=1,
                         help="decode workers (colocated: mixed workers) [default: 1]")
-    parser.add_argument("--kv-transport", choices=("nixl", "grpc"), default="nixl")
+    parser.add_argument("--kv-transport", choices=("nixl", "grpc", "cuda_ipc"), default="nixl",
+                        help="how decode workers read prefill KV; cuda_ipc: GPU caches on this node, without UCX "
+                             "[default: nixl]")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of the GPU's memory all workers together may use [default: 0.9]")
+    parser.add_argument("--prefill-memory-share", type=float, default=None,
+                        help="disaggregated: the prefill workers' part of that share, 0..1 [default: their "
+                             "share of the worker count]")
     parser.add_argument("--api-keys-file", default=None, help="require API keys from this file [default: no auth]")
     parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for every worker, e.g. --worker-arg=--num-kv-blocks=512 (repeatable)")
@@ -41,17 +54,32 @@ def _roles(args: argparse.Namespace) -> list[str]:
     return ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
 
 
+def memory_shares(roles: Sequence[str], total: float, prefill_share: float | None = None) -> list[float]:
+    """Each worker's --gpu-memory-utilization: `total` split between the pools, then evenly within each."""
+    if not 0 < total <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], not {total}")
+    prefill = sum(role == "prefill" for role in roles)
+    others = len(roles) - prefill
+    if prefill_share is None or not prefill or not others:
+        return [total / len(roles)] * len(roles)
+    if not 0 < prefill_share < 1:
+        raise ValueError(f"--prefill-memory-share must be strictly between 0 and 1, not {prefill_share}")
+    return [total * (prefill_share / prefill if role == "prefill" else (1 - prefill_share) / others)
+            for role in roles]
+
+
 def _start_workers(args: argparse.Namespace, model: str, name: str,
                    started: list[ServiceProcess]) -> list[ServiceProcess]:
     roles = _roles(args)
+    shares = memory_shares(roles, args.gpu_memory_utilization, args.prefill_memory_share)
     # One core each where there are enough; torch's default (all cores per process) would oversubscribe.
     threads = str(max(1, (os.cpu_count() or 1) // len(roles)))
     workers = []
-    for i, role in enumerate(roles):
+    for i, (role, share) in enumerate(zip(roles, shares)):
         workers.append(launch_service(f"{role}-worker-{i}", [
             "worker", "--role", role, "--model", model, "--served-model-name", name, "--port", str(free_port()),
             "--kv-port", str(free_port()), "--metrics-port", str(free_port()), "--kv-transport", args.kv_transport,
-            *args.worker_arg], env={"BATON_NUM_THREADS": os.environ.get("BATON_NUM_THREADS", threads)}))
+            f"--gpu-memory-utilization={share:.4f}", *args.worker_arg], env={"BATON_NUM_THREADS": os.environ.get("BATON_NUM_THREADS", threads)}))
         started.insert(0, workers[-1])
     return [w.wait_ready() for w in workers]
 
@@ -85,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             _start_stack(args, model, name, services)
+        except ValueError as e:
+            log.error("baton serve: %s", e)
+            return 2
         except RuntimeError as e:
             log.error("the stack did not start: %s", e)
             return 1

@@ -60,6 +60,7 @@ def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 
                 api_keys_file: Path | None = None) -> Stack:
     args = argparse.Namespace(mode=mode, prefill_workers=1, decode_workers=decode_workers, kv_transport="nixl",
                               host="127.0.0.1", port=free_port(), worker_arg=["--num-kv-blocks=512"], router_arg=[],
+                              gpu_memory_utilization=0.9, prefill_memory_share=None,
                               api_keys_file=str(api_keys_file) if api_keys_file else None)
     services: list[ServiceProcess] = []
     try:
