@@ -138,6 +138,13 @@ def test_load_nixl_falls_through_a_broken_wheel_to_a_working_one(monkeypatch: py
     assert nixl_loader.load_nixl() == ("nixl_cu12-agent", "nixl_cu12-config")
 
 
+@pytest.mark.parametrize("cuda, first", [("13.0", "nixl_cu13"), ("12.8", "nixl_cu12"), (None, "nixl_cu13"),
+                                         ("11.8", "nixl_cu13")])
+def test_search_order_puts_torchs_cuda_major_first(cuda: str | None, first: str) -> None:
+    order = nixl_loader.search_order(cuda)
+    assert order[0] == "nixl" and order[1] == first and sorted(order) == sorted(nixl_loader.NIXL_MODULES)
+
+
 def test_configure_ucx_for_cuda_points_at_the_bundled_modules(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
     (tmp_path / "nixl_cu13.libs" / "ucx").mkdir(parents=True)

@@ -22,18 +22,30 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Searched in this order: the meta package, then the per-CUDA-major wheels.
+# The meta package, then the per-CUDA-major wheels (reordered by `search_order` for torch's CUDA build).
 NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
 # cuda_ipc: same-node GPU to GPU; cuda_copy: staging and host<->GPU; sm/self: host memory; tcp: wire-up (and the
 # path between nodes when there is no RDMA; add rc or ib for GPUDirect RDMA across nodes).
 CUDA_UCX_TLS = "cuda_ipc,cuda_copy,sm,tcp,self"
 
 
+def search_order(cuda_version: str | None) -> tuple[str, ...]:
+    """NIXL_MODULES with the wheel of torch's CUDA major first (both may be installed: the default install carries
+    nixl-cu12, baton[cu13] adds nixl-cu13); a CPU build of torch keeps the default order."""
+    major = (cuda_version or "").split(".")[0]
+    preferred = f"nixl_cu{major}"
+    if preferred not in NIXL_MODULES:
+        return NIXL_MODULES
+    return ("nixl", preferred, *(m for m in NIXL_MODULES if m not in ("nixl", preferred)))
+
+
 def load_nixl() -> tuple[Any, Any]:
     """nixl_agent and nixl_agent_config from the first NIXL package present. Raises ImportError that names the
     real cause when a package is present but fails to load, and the install command when none is present."""
+    import torch
+
     failures: list[str] = []
-    for name in NIXL_MODULES:
+    for name in search_order(torch.version.cuda):
         if importlib.util.find_spec(name) is None:
             continue
         try:
@@ -61,7 +73,9 @@ def _describe(error: BaseException) -> str:
 
 def bundled_ucx_module_dir() -> Path | None:
     """The folder of UCX modules (libuct_cuda.so, ...) inside the installed NIXL wheel, if any."""
-    for name in NIXL_MODULES:
+    import torch
+
+    for name in search_order(torch.version.cuda):
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             continue
