@@ -63,6 +63,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where both caches live [default: cpu]")
+    parser.add_argument("--blocks", choices=("random", "consecutive"), default="random",
+                        help="which blocks each read moves: scattered on both sides, or one run (coalesced into "
+                             "one range per layer) [default: random]")
     parser.add_argument("--repeats", type=int, default=10, help="timed reads per size and transport [default: 10]")
     parser.add_argument("--transports", choices=TRANSPORTS, nargs="+", default=None,
                         help="[default: nixl grpc on cpu, nixl cuda_ipc on cuda]")
@@ -125,8 +128,7 @@ def run_kv_transfer(args: argparse.Namespace) -> int:
 def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor, n: int,
              args: argparse.Namespace) -> SizeResult:
     rng = random.Random(args.seed * 7919 + n)
-    remote_blocks = rng.sample(range(source.spec.shape.num_blocks), n)
-    local_blocks = rng.sample(range(local.shape[1]), n)
+    remote_blocks, local_blocks = pick_blocks(rng, args.blocks, n, source.spec.shape.num_blocks, local.shape[1])
     peer = source.peers[transport.name]
     byte_view(local)[:, local_blocks] = 0  # so the check below cannot pass on an earlier transport's bytes
     result = transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-check".encode(), args.timeout)
@@ -139,6 +141,16 @@ def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor,
     p50, p99 = np.percentile(latencies, [50, 99])
     return SizeResult(transport.name, n, result.num_bytes, p50 * 1e3, p99 * 1e3, result.num_bytes / p50 / 1e9,
                       verified)
+
+
+def pick_blocks(rng: random.Random, pattern: str, n: int, remote_total: int,
+                local_total: int) -> tuple[list[int], list[int]]:
+    """`random`: n distinct blocks anywhere on each side, as a fragmented allocator leaves them; `consecutive`: one
+    run of n on each side, at a random start, as a fresh prompt gets them (one range per layer)."""
+    if pattern == "consecutive":
+        remote, local = rng.randrange(remote_total - n + 1), rng.randrange(local_total - n + 1)
+        return list(range(remote, remote + n)), list(range(local, local + n))
+    return rng.sample(range(remote_total), n), rng.sample(range(local_total), n)
 
 
 def _count_notifications(source: SourceProcess, kind: str, expected: int, wait_s: float = 5.0) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from random import Random
 from pathlib import Path
 from typing import Iterator
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from baton.services.cli.bench_kv_transfer import pick_blocks
 from baton.services.cli.main import main
 from baton.services.worker.kv_transfer import KVTransferError, KVTransport, make_transport
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
@@ -202,6 +204,7 @@ def test_bench_kv_transfer_smoke(tmp_path: Path) -> None:
 def test_bench_kv_transfer_llama_8b_layout_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "kv8b.json"
     assert main(["bench", "kv-transfer", "--device", "cpu", "--layout", "llama-8b", "--sizes", "2", "--repeats", "1",
+                 "--blocks", "consecutive",
                  "--transports", "nixl", "--output-json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["block_nbytes"] == 2 * 16 * 8 * 128 * 2  # one (layer, block) of Llama-3.1-8B: 64 KiB
@@ -218,3 +221,11 @@ def test_bench_kv_transfer_refuses_what_the_machine_cannot_do(argv: list[str], m
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "kv-transfer", "--sizes", "1", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_pick_blocks_patterns() -> None:
+    remote, local = pick_blocks(Random(0), "consecutive", 5, 8, 6)
+    assert remote == list(range(remote[0], remote[0] + 5)) and remote[-1] < 8
+    assert local == list(range(local[0], local[0] + 5)) and local[-1] < 6
+    remote, local = pick_blocks(Random(0), "random", 5, 8, 6)
+    assert len(set(remote)) == len(set(local)) == 5 and max(remote) < 8 and max(local) < 6
