@@ -4,7 +4,7 @@ openai client, and the decode worker really read the prompt's KV (it did not rec
 
 Skipped without CUDA. BATON_GPU_CHECK_MODEL names a checkpoint (e.g. the 8B-shaped one from
 shared/gpu/make8b.py; default: the tiny test model) and BATON_GPU_CHECK_PROMPT_WORDS the long prompt's length in
-words (~tokens; default 2000 for a real checkpoint, 48 for the tiny one). The hand-off figures are printed (-s)."""
+words (default 1000 for a real checkpoint, 48 for the tiny one; its token count is printed). The hand-off figures are printed (-s)."""
 from __future__ import annotations
 
 import os
@@ -23,7 +23,7 @@ MAX_TOKENS = 24
 def _model(tiny_model_dirs: dict[str, Path]) -> tuple[Path, int]:
     chosen = os.environ.get("BATON_GPU_CHECK_MODEL")
     model = Path(chosen) if chosen else tiny_model_dirs["llama"]
-    words = int(os.environ.get("BATON_GPU_CHECK_PROMPT_WORDS", "2000" if chosen else "48"))
+    words = int(os.environ.get("BATON_GPU_CHECK_PROMPT_WORDS", "1000" if chosen else "48"))
     return model, words
 
 
@@ -39,6 +39,7 @@ def _answers(stack: Stack, model: Path, prompts: list[str]) -> list[list[str]]:
         done = client.completions.create(model=model.name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
                                          logprobs=1)
         answers.append(done.choices[0].logprobs.tokens)
+    print(f"\nlongest prompt: {done.usage.prompt_tokens} tokens")
     return answers
 
 
