@@ -2,7 +2,11 @@
 checked byte for byte; skipped without a GPU. The CPU-side checks of the CUDA IPC transport run everywhere."""
 from __future__ import annotations
 
+import base64
+import json
 import os
+import socket
+import threading
 import time
 from typing import Iterator
 
@@ -11,6 +15,7 @@ import torch
 
 from baton.services.common.process import free_port
 from baton.services.worker.kv_transfer import KVTransport, make_transport
+from baton.services.worker.kv_transfer.cuda_ipc import _Handler, _Listener
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
 from baton.services.worker.kv_transfer.loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 
@@ -23,6 +28,42 @@ TIMEOUT_S = 30.0
 def test_cuda_ipc_refuses_a_host_cache() -> None:
     with pytest.raises(ValueError, match="needs a CUDA KV cache"):
         make_transport("cuda_ipc", torch.zeros(SHAPE.dims(), dtype=torch.bfloat16), "x", "127.0.0.1", 0)
+
+
+class _Inbox:
+    """What the CUDA IPC listener needs of its transport: the cache and the notification inbox."""
+
+    def __init__(self) -> None:
+        self.cache = torch.zeros(SHAPE.dims(), dtype=torch.bfloat16)
+        self.notes: list[bytes] = []
+
+    def record_notification(self, msg: bytes) -> None:
+        self.notes.append(msg)
+
+
+def test_cuda_ipc_listener_protocol() -> None:
+    """One JSON line per request and answer: notifications land in the inbox, bad requests get an error line, and
+    a failed export (here: a host cache) is an error answer, not a dropped connection."""
+    inbox = _Inbox()
+    server = _Listener(("127.0.0.1", 0), _Handler)
+    server.transport = inbox
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(server.server_address, timeout=5) as conn, conn.makefile("rb") as reader:
+            def ask(line: bytes) -> dict:
+                conn.sendall(line + b"\n")
+                return json.loads(reader.readline())
+
+            note = base64.b64encode(b"req-7").decode()
+            assert ask(json.dumps({"op": "notify", "msg": note}).encode()) == {"ok": True}
+            assert inbox.notes == [b"req-7"]
+            assert "unknown op 'steal'" in ask(b'{"op": "steal"}')["error"]
+            assert "bad request" in ask(b"not json")["error"]
+            assert "exporting the cache failed" in ask(b'{"op": "handle"}')["error"]
+            assert ask(json.dumps({"op": "notify", "msg": note}).encode()) == {"ok": True}  # still serving
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The CUDA IPC transport: same-node GPU to GPU without UCX, for when UCX's cuda_ipc cannot be had.
 
-The prefill side exports its cache once as a CUDA IPC handle (torch's `_share_cuda_`, i.e. cudaIpcGetMemHandle
+The prefill side exports its cache as a CUDA IPC handle (torch's `_share_cuda_`, i.e. cudaIpcGetMemHandle
 on the allocation that holds it) and serves it, with a notification inbox, on a small TCP listener (one JSON line
 per request and per answer). The decode side opens the handle once per peer (cudaIpcOpenMemHandle) and then a
 read is device copies between the two caches on a side stream: one slice copy per run of consecutive blocks, or
@@ -70,7 +70,8 @@ class _Handler(socketserver.StreamRequestHandler):
             try:
                 request = json.loads(line)
                 if request.get("op") == "handle":
-                    answer: dict[str, Any] = {"handle": transport.exported}
+                    # Exported per asking peer: each opening consumes one count of the handle's IPC ref counter.
+                    answer: dict[str, Any] = {"handle": export_handle(transport.cache)}
                 elif request.get("op") == "notify":
                     transport.record_notification(base64.b64decode(request["msg"]))
                     answer = {"ok": True}
@@ -78,6 +79,8 @@ class _Handler(socketserver.StreamRequestHandler):
                     answer = {"error": f"unknown op {request.get('op')!r}"}
             except (ValueError, KeyError, TypeError) as e:
                 answer = {"error": f"bad request: {e}"}
+            except RuntimeError as e:  # torch's CUDA errors while exporting
+                answer = {"error": f"exporting the cache failed: {e}"}
             self.wfile.write(json.dumps(answer).encode() + b"\n")
 
 
@@ -103,8 +106,8 @@ class CudaIpcKVTransport(KVTransport):
             raise ValueError("the cuda_ipc KV transport needs a CUDA KV cache; use nixl or grpc on CPU")
         self._name, self._host, self._metrics = worker_name, host, metrics
         self._layout = KVLayout.of(kv_cache)
+        self.cache = kv_cache
         self._bytes = byte_view(kv_cache)
-        self.exported = export_handle(kv_cache)
         self._stream = torch.cuda.Stream(kv_cache.device)
         self._remotes: dict[str, _Remote] = {}
         self._lock = threading.Lock()
@@ -113,7 +116,7 @@ class CudaIpcKVTransport(KVTransport):
         self._server.transport = self  # type: ignore[attr-defined]
         self._port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, name=f"cuda-ipc-{worker_name}", daemon=True).start()
-        log.info("CUDA IPC KV transport %s: cache of %d bytes exported, listening on %s:%d", worker_name,
+        log.info("CUDA IPC KV transport %s: cache of %d bytes, its handle served on %s:%d", worker_name,
                  self._bytes.numel(), host, self._port)
 
     def local_peer(self) -> KVPeer:
