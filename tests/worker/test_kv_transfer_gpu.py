@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from baton.services.common.process import free_port
-from baton.services.worker.kv_transfer import KVTransport, make_transport
-from baton.services.worker.kv_transfer.cuda_ipc import _Handler, _Listener
+from baton.services.worker.kv_transfer import KVLayout, KVPeer, KVTransferError, KVTransport, make_transport
+from baton.services.worker.kv_transfer.cuda_ipc import CudaIpcKVTransport, _closed_by_peer, _Handler, _Listener
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
 from baton.services.worker.kv_transfer.loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 
@@ -61,6 +61,46 @@ def test_cuda_ipc_listener_protocol() -> None:
             assert "bad request" in ask(b"not json")["error"]
             assert "exporting the cache failed" in ask(b'{"op": "handle"}')["error"]
             assert ask(json.dumps({"op": "notify", "msg": note}).encode()) == {"ok": True}  # still serving
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_socket_closed_by_the_peer_is_noticed_before_reuse() -> None:
+    ours, theirs = socket.socketpair()
+    with ours:
+        assert not _closed_by_peer(ours)
+        theirs.close()
+        assert _closed_by_peer(ours)
+
+
+def _client() -> CudaIpcKVTransport:
+    """The decode side's connection logic without a GPU (the constructor needs a CUDA cache)."""
+    client = CudaIpcKVTransport.__new__(CudaIpcKVTransport)
+    client._remotes = {}
+    return client
+
+
+def _peer(port: int) -> KVPeer:
+    return KVPeer("src", "127.0.0.1", port, KVLayout(SHAPE.num_layers, SHAPE.num_blocks, SHAPE.block_size,
+                                                     SHAPE.block_nbytes(), 0, "bfloat16"))
+
+
+def test_cuda_ipc_connect_reports_an_unreachable_peer() -> None:
+    with pytest.raises(KVTransferError, match="is unreachable") as info:
+        _client()._connect(_peer(free_port()), 2.0)
+    assert info.value.reason == "unreachable"
+
+
+def test_cuda_ipc_connect_reports_a_refused_export_and_keeps_nothing() -> None:
+    server = _Listener(("127.0.0.1", 0), _Handler)
+    server.transport = _Inbox()  # a host cache: its export fails on the peer's side
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = _client()
+    try:
+        with pytest.raises(KVTransferError, match="refused handle: exporting the cache failed") as info:
+            client._connect(_peer(server.server_address[1]), 5.0)
+        assert info.value.reason == "invalid" and client._remotes == {}
     finally:
         server.shutdown()
         server.server_close()

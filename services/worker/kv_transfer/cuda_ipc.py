@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import select
 import socket
 import socketserver
 import threading
@@ -97,6 +98,13 @@ class _Remote:
     reader: Any
 
 
+def _closed_by_peer(conn: socket.socket) -> bool:
+    """True when the peer closed the socket (it died or stopped): the protocol never sends unasked, so a
+    readable socket between requests can only be at its end."""
+    readable, _, _ = select.select([conn], [], [], 0)
+    return bool(readable)
+
+
 class CudaIpcKVTransport(KVTransport):
     name = "cuda_ipc"
 
@@ -152,9 +160,9 @@ class CudaIpcKVTransport(KVTransport):
 
     def _connect(self, peer: KVPeer, timeout_s: float) -> _Remote:
         cached = self._remotes.get(peer.name)
-        if cached is not None and cached.peer == peer:
+        if cached is not None and cached.peer == peer and not _closed_by_peer(cached.conn):
             return cached
-        if cached is not None:
+        if cached is not None:  # moved, restarted, or gone: its mapping may be of a dead process's cache
             self._drop(peer.name)
         try:
             conn = socket.create_connection((peer.host, peer.port), timeout=timeout_s)
@@ -162,7 +170,11 @@ class CudaIpcKVTransport(KVTransport):
             raise KVTransferError(f"CUDA IPC peer {peer.name} at {peer.host}:{peer.port} is unreachable: {e}",
                                   "unreachable") from e
         remote = _Remote(peer, torch.empty(0), conn, conn.makefile("rb"))
-        fields = self._ask(remote, {"op": "handle"}, time.perf_counter() + timeout_s)["handle"]
+        try:
+            fields = self._ask(remote, {"op": "handle"}, time.perf_counter() + timeout_s)["handle"]
+        except KVTransferError:
+            conn.close()
+            raise
         try:
             flat = open_handle(fields)
         except Exception as e:  # torch raises RuntimeError for every CUDA IPC failure
@@ -190,7 +202,11 @@ class CudaIpcKVTransport(KVTransport):
         if not line:
             self._drop(remote.peer.name, remote)
             raise KVTransferError(f"CUDA IPC peer {remote.peer.name} closed the connection", "unreachable")
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError as e:
+            self._drop(remote.peer.name, remote)
+            raise KVTransferError(f"CUDA IPC peer {remote.peer.name} answered {line[:80]!r}", "failed") from e
         if "error" in answer:
             raise KVTransferError(f"CUDA IPC peer {remote.peer.name} refused {request['op']}: {answer['error']}",
                                   "invalid")
