@@ -153,3 +153,22 @@ def test_gpu_read_is_byte_exact(kind: str, remote_blocks: list[int], local_block
         seen.update(source.notifications()[kind])
         time.sleep(0.02)
     assert note in seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_ipc_reads_a_restarted_peer_afresh(transports: dict[str, KVTransport],
+                                               local_cache: torch.Tensor) -> None:
+    """A killed peer's mapping must not be reused: the read after its restart opens the new cache."""
+    spec = SourceSpec(SHAPE, 78, f"kv-gpu-restart-{os.getpid()}", free_port(), free_port(), "cuda", free_port(),
+                      ("cuda_ipc",))
+    victim = SourceProcess(spec).start()
+    try:
+        transports["cuda_ipc"].read(victim.peers["cuda_ipc"], [1, 2], [0, 1], b"", TIMEOUT_S)
+        victim.kill()
+        victim.start()
+        local_cache.zero_()
+        transports["cuda_ipc"].read(victim.peers["cuda_ipc"], [5, 9], [3, 4], b"after-restart", TIMEOUT_S)
+        assert blocks_digest(local_cache, [3, 4]) == victim.digest([5, 9])
+    finally:
+        victim.stop()
