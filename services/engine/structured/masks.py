@@ -1,8 +1,10 @@
 """The batch's token masks: filled by the grammar engine while the forward pass runs, applied to the logits.
 
-llguidance fills one packed bitmask row per constrained sequence (32 tokens per int32) on its own native
-threads, without the GIL; running that fill on a helper thread started before the forward pass hides it behind
-the model's work. The sampler then turns the bits into -inf on the disallowed logits in a few tensor ops.
+llguidance fills one packed bitmask row per constrained sequence (32 tokens per int32), releasing the GIL while
+it works; doing that on one helper thread, started before the forward pass, hides it behind the model's work.
+The sampler then turns the bits into -inf on the disallowed logits in a few tensor ops. One plain thread rather
+than llguidance's parallel executor: the executor's worker threads spin between jobs, and on a small CPU box
+they fought torch's threads for the cores (measured in docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
-from llguidance import LLExecutor
-from llguidance.torch import fill_next_token_bitmask_par
+from llguidance import LLMatcher
+from llguidance.torch import fill_next_token_bitmask
 
 if TYPE_CHECKING:
     from baton.services.engine.sequence import Sequence
@@ -43,10 +45,14 @@ class PendingMasks:
             logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
+def _fill(matchers: list[LLMatcher], bitmask: torch.Tensor) -> None:
+    for row, matcher in enumerate(matchers):
+        fill_next_token_bitmask(matcher, bitmask, row)
+
+
 class MaskBuilder:
-    def __init__(self, vocab_size: int, num_threads: int | None = None) -> None:
+    def __init__(self, vocab_size: int) -> None:
         self.words = (vocab_size + 31) // 32
-        self.executor = LLExecutor(num_threads)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
@@ -55,9 +61,5 @@ class MaskBuilder:
         if not constrained:
             return None
         bitmask = torch.empty((len(constrained), self.words), dtype=torch.int32)
-        pairs = [(s.grammar.matcher, i) for i, s in enumerate(constrained)]
-        future = self.pool.submit(fill_next_token_bitmask_par, self.executor, pairs, bitmask)
+        future = self.pool.submit(_fill, [s.grammar.matcher for s in constrained], bitmask)
         return PendingMasks(future, bitmask, {s.request_id: i for i, s in enumerate(constrained)})
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
