@@ -243,9 +243,9 @@ class LLMEngine:
         if not scheduled:
             return []
         started = time.perf_counter()
-        # The grammar masks are filled on another thread while the forward pass runs.
-        masks = self._masks.start([s.seq for s in scheduled if s.samples]) if self._masks else None
         items, logits = self.runner.execute(scheduled)
+        # Filled while a GPU still runs the step's kernels: nothing above waited for them.
+        masks = self._masks.fill([item.seq for item in items]) if self._masks else None
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
         prompt_tokens = sum(_prompt_tokens_in(s) for s in scheduled)

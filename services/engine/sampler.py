@@ -10,7 +10,7 @@ import torch
 
 from baton.services.engine.outputs import TokenLogprobs
 from baton.services.engine.sequence import Sequence
-from baton.services.engine.structured.masks import PendingMasks
+from baton.services.engine.structured.masks import BatchMasks
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -96,7 +96,7 @@ def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator,
-           eos_ids: frozenset[int], masks: PendingMasks | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
+           eos_ids: frozenset[int], masks: BatchMasks | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
     """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row logprobs.
 
     masks: the grammar masks of the constrained rows, applied before temperature and the filters so these only

@@ -86,9 +86,9 @@ def test_batch_masks_match_the_matchers_one_by_one(engine, grammars):
         "choice", '["alpha", "beta"]')))]
     states[0].replay(grammars.tokenizer.tokenize_str('{"name":"a'))
     rows = [Row("free", None), Row("json", states[0]), Row("choice", states[1])]
-    pending = MaskBuilder(vocab).start(rows)
+    pending = MaskBuilder(vocab).fill(rows)
     logits = torch.zeros(3, vocab)
-    pending.apply(logits, rows[::-1])  # the logits' row order need not be the order the masks started in
+    pending.apply(logits, rows[::-1])  # the logits' row order need not be the order the masks were filled in
     assert bool(torch.isfinite(logits[2]).all())  # the unconstrained row is untouched
     for row, state in ((1, states[0]), (0, states[1])):
         allowed = torch.isfinite(logits[row]).nonzero().flatten().tolist()

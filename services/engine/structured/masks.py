@@ -1,18 +1,17 @@
-"""The batch's token masks: filled by the grammar engine while the forward pass runs, applied to the logits.
+"""The batch's token masks: filled by the grammar engine once per step, applied to the logits by the sampler.
 
-llguidance fills one packed bitmask row per constrained sequence (32 tokens per int32), releasing the GIL while
-it works; doing that on one helper thread, started before the forward pass, hides it behind the model's work.
-The sampler then turns the bits into -inf on the disallowed logits in a few tensor ops. One plain thread rather
-than llguidance's parallel executor: the executor's worker threads spin between jobs, and on a small CPU box
-they fought torch's threads for the cores (measured in docs/benchmarks.md).
+llguidance fills one packed bitmask row per constrained sequence (32 tokens per int32). The engine asks for
+them right after launching the forward pass: on a GPU the kernels are still running while the CPU fills the
+masks, so the work is hidden without any thread. The sampler then turns the bits into -inf on the disallowed
+logits in a few tensor ops, for the whole batch at once. Measured alternatives were slower on CPU (see
+docs/benchmarks.md): a helper thread paid for GIL hand-offs every step, and llguidance's parallel executor's
+spinning workers fought torch's threads for the cores.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
-from llguidance import LLMatcher
 from llguidance.torch import fill_next_token_bitmask
 
 if TYPE_CHECKING:
@@ -26,15 +25,14 @@ def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-class PendingMasks:
-    """Masks being computed for some of a step's sequences, keyed by request id."""
+class BatchMasks:
+    """The masks of a step's constrained sequences, rows keyed by request id."""
 
-    def __init__(self, future: Future, bitmask: torch.Tensor, rows: dict[str, int]) -> None:
-        self.future, self.bitmask, self.rows = future, bitmask, rows
+    def __init__(self, bitmask: torch.Tensor, rows: dict[str, int]) -> None:
+        self.bitmask, self.rows = bitmask, rows
 
     def apply(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Sets the logits of every token the grammar forbids to -inf (logits rows follow seqs)."""
-        self.future.result()
         targets = [i for i, s in enumerate(seqs) if s.request_id in self.rows]
         if not targets:
             return
@@ -45,21 +43,16 @@ class PendingMasks:
             logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
-def _fill(matchers: list[LLMatcher], bitmask: torch.Tensor) -> None:
-    for row, matcher in enumerate(matchers):
-        fill_next_token_bitmask(matcher, bitmask, row)
-
-
 class MaskBuilder:
     def __init__(self, vocab_size: int) -> None:
         self.words = (vocab_size + 31) // 32
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
-    def start(self, seqs: list[Sequence]) -> PendingMasks | None:
-        """Begins filling the masks of the constrained sequences among seqs; None when none is constrained."""
+    def fill(self, seqs: list[Sequence]) -> BatchMasks | None:
+        """The masks of the constrained sequences among seqs; None when none is constrained."""
         constrained = [s for s in seqs if s.grammar is not None]
         if not constrained:
             return None
         bitmask = torch.empty((len(constrained), self.words), dtype=torch.int32)
-        future = self.pool.submit(_fill, [s.grammar.matcher for s in constrained], bitmask)
-        return PendingMasks(future, bitmask, {s.request_id: i for i, s in enumerate(constrained)})
+        for row, seq in enumerate(constrained):
+            fill_next_token_bitmask(seq.grammar.matcher, bitmask, row)
+        return BatchMasks(bitmask, {s.request_id: i for i, s in enumerate(constrained)})
