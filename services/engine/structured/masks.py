@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from llguidance.torch import fill_next_token_bitmask
 
 if TYPE_CHECKING:
     from baton.services.engine.sequence import Sequence
@@ -53,6 +52,8 @@ class MaskBuilder:
         if not constrained:
             return None
         bitmask = torch.empty((len(constrained), self.words), dtype=torch.int32)
+        # Straight into the rows' memory: llguidance's per-row helper re-checks the tensor on every call.
+        base, row_bytes = bitmask.data_ptr(), self.words * 4
         for row, seq in enumerate(constrained):
-            fill_next_token_bitmask(seq.grammar.matcher, bitmask, row)
+            seq.grammar.matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
         return BatchMasks(bitmask, {s.request_id: i for i, s in enumerate(constrained)})
