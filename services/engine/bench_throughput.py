@@ -265,7 +265,8 @@ def format_table(results: list[ThroughputResult]) -> str:
                      f"{_cell(r.prefix_hit_ratio, '.3f'):>11}{computed:>23}{_cell(r.preemptions, 'd'):>9}")
     if len(results) == 2:
         q = ratios(*results)
-        lines.append(f"{results[0].system + '/' + results[1].system:<17}{q['requests_per_s']:>9.2f}{q['total_tokens_per_s']:>13.2f}"
+        label = f"{results[0].system}/{results[1].system}"
+        lines.append(f"{label:<17}{q['requests_per_s']:>9.2f}{q['total_tokens_per_s']:>13.2f}"
                      f"{q['output_tokens_per_s']:>14.2f}{q['elapsed_s']:>11.2f}")
     return "\n".join(lines)
 

@@ -107,9 +107,15 @@ def test_generation_follows_each_kind(engine):
     cases = [
         (JSON_SPEC, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
         (StructuredOutput("regex", r"[a-f]{2,4}@[0-9]{2}"), lambda text: re.fullmatch(r"[a-f]{2,4}@[0-9]{2}", text)),
-        (StructuredOutput("choice", '["one", "two words", "three"]'), lambda text: text in ("one", "two words", "three")),
+        (StructuredOutput("choice", '["one", "two words", "three"]'),
+         lambda text: text in ("one", "two words", "three")),
         (StructuredOutput("grammar", 'start: "<" WORD ">"\nWORD: /[a-z]{1,5}/'),
          lambda text: re.fullmatch(r"<[a-z]{1,5}>", text)),
+        # What tool calling builds: Lark around an embedded JSON schema (compact through x-guidance).
+        (StructuredOutput("grammar", 'start: "<call>" args "</call>"\nargs: %json' + json.dumps(
+            {**SCHEMA, "x-guidance": {"whitespace_flexible": False}})),
+         lambda text: jsonschema.validate(json.loads(text.removeprefix("<call>").removesuffix("</call>")),
+                                          SCHEMA) is None and text.startswith("<call>{")),
     ]
     for spec, ok in cases:
         params = [SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured_output=spec) for s in range(4)]
