@@ -244,7 +244,7 @@ class LLMEngine:
             return []
         started = time.perf_counter()
         items, logits = self.runner.execute(scheduled)
-        # Filled while a GPU still runs the step's kernels: nothing above waited for them.
+        # execute() does not wait for the GPU, so on a GPU these are filled while the step's kernels run.
         masks = self._masks.fill([item.seq for item in items]) if self._masks else None
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
