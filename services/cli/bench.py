@@ -21,11 +21,14 @@ from baton.services.cli.bench_gateway import register as register_gateway
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
 from baton.services.cli.bench_router import register as register_router
 from baton.services.common.settings import add_settings_arguments, settings_from_args
-from baton.services.engine.bench_throughput import (EngineShape, format_table, kv_blocks_for, machine_info, report,
-                                                    run_baton, run_hf, special_token_ids, warmup_workload)
+from baton.services.engine.bench_throughput import (EngineShape, ThroughputResult, format_table, kv_blocks_for,
+                                                    machine_info, report, run_baton, run_hf, special_token_ids,
+                                                    warmup_workload)
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.models.loader import load_config
+from baton.services.engine.sampling_params import StructuredOutput
+from baton.services.engine.structured.spec import check_structured
 from baton.services.engine.tiny_model import embedded_model_path
 
 # The default workload is the headline benchmark: inputs uniform in [32, 256], outputs in [16, 256].
@@ -66,6 +69,9 @@ def register_throughput(kinds: argparse._SubParsersAction) -> None:
     w.add_argument("--seed", type=int, default=0, help="seed of the workload and of the engine's sampler")
     parser.add_argument("--compare", choices=("hf",), default=None,
                         help="also run transformers' continuous batching on the same checkpoint and requests")
+    parser.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                        help="constrain every request to this JSON schema (response_format json_schema), then run "
+                             "the same requests unconstrained at the lengths the constrained run produced")
     parser.add_argument("--output-json", type=Path, default=None, help="write every figure, the command and the "
                                                                        "machine to this file")
     add_settings_arguments(parser, EngineConfig, exclude=("seed",))
@@ -114,6 +120,32 @@ def _engine_config(args: argparse.Namespace, requests: list[Request]) -> EngineC
     return config
 
 
+def _structured(args: argparse.Namespace) -> StructuredOutput | None:
+    """--json-schema as a structured output; ValueError when it cannot be used."""
+    if args.json_schema is None:
+        return None
+    if args.compare is not None:
+        raise ValueError("--json-schema runs its own comparison (constrained vs not); drop --compare")
+    spec = StructuredOutput("json_schema", args.json_schema.read_text())
+    check_structured(spec.kind, spec.value)
+    return spec
+
+
+def _run_engine(config: EngineConfig, requests: list[Request], warmup: list[Request],
+                structured: StructuredOutput | None) -> tuple[list[ThroughputResult], EngineShape]:
+    """The engine alone, or constrained and then unconstrained at the constrained lengths, each on a fresh
+    engine so the second run finds no prompt in the first one's prefix cache."""
+    engine = LLMEngine(config)
+    shape = EngineShape.of(engine)
+    results = [run_baton(engine, requests, warmup, structured)]
+    if structured is not None:
+        del engine
+        gc.collect()
+        same = [(prompt, n) for (prompt, _), n in zip(requests, results[0].output_lens)]
+        results.append(run_baton(LLMEngine(config), same, warmup))
+    return results, shape
+
+
 def run_throughput(args: argparse.Namespace) -> int:
     machine = machine_info()  # before the run, so the load average is the one it started under
     model_dir = Path(args.model) if getattr(args, "model", None) else embedded_model_path()
@@ -123,18 +155,17 @@ def run_throughput(args: argparse.Namespace) -> int:
     try:
         requests = build_workload(args, model_config.vocab_size, avoid,
                                   getattr(args, "max_model_len", None) or model_config.max_position_embeddings)
+        structured = _structured(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"baton bench throughput: error: {e}", file=sys.stderr)
         return 2
     warmup = warmup_workload(model_config.vocab_size, args.seed, avoid)
     stats = summarize(requests)
     print(_describe(args, stats), flush=True)
-    engine = LLMEngine(_engine_config(args, requests + warmup))
-    shape = EngineShape.of(engine)
-    results = [run_baton(engine, requests, warmup)]
+    results, shape = _run_engine(_engine_config(args, requests + warmup), requests, warmup, structured)
     if args.compare == "hf":
-        # Free the engine's KV cache first: on a GPU it holds most of the memory transformers will ask for.
-        del engine
+        # Free the engine's KV cache first (_run_engine dropped it): on a GPU it holds most of the memory
+        # transformers will ask for.
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -2,6 +2,10 @@
 
 Both systems get every request at once, greedy decoding with EOS ignored, so each generates exactly the
 requested number of tokens (checked), and both are warmed up first; model loading is never timed.
+
+With a structured output (a JSON schema on every request) a request ends when its grammar completes, so it
+generates at most the requested tokens; the unconstrained run it is compared with then asks for exactly the
+lengths the constrained run produced, and the two differ only in the grammar's work.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from transformers.generation.continuous_batching.utils import WorkloadHints
 from baton.loadtest.workloads import Request, random_workload
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
 # Small, but it runs both prefill and decode, so first-call costs (allocations, lazy inits) fall outside timing.
 WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN = 4, 32, 8
@@ -47,6 +51,7 @@ class ThroughputResult:
     prefix_cache_hits: int | None = None
     preemptions: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # what the system ran with, to audit fairness
+    output_lens: list[int] = field(default_factory=list, repr=False)  # per request, in workload order
 
     @property
     def requests_per_s(self) -> float:
@@ -68,7 +73,9 @@ class ThroughputResult:
 
     def as_dict(self) -> dict[str, Any]:
         derived = {name: getattr(self, name) for name in (*FIGURES[:3], "prefix_hit_ratio")}
-        return {**asdict(self), **derived}
+        doc = {**asdict(self), **derived}
+        del doc["output_lens"]
+        return doc
 
 
 def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -89,28 +96,36 @@ def kv_blocks_for(requests: list[Request], block_size: int) -> int:
     return math.ceil(need * 1.25)
 
 
-def _check_lengths(system: str, produced: list[int], requests: list[Request]) -> None:
+def _check_lengths(system: str, produced: list[int], requests: list[Request], at_most: bool = False) -> None:
     wanted = [n for _, n in requests]
+    if at_most and all(1 <= p <= w for p, w in zip(produced, wanted)):
+        return
     if produced != wanted:
         bad = sum(p != w for p, w in zip(produced, wanted))
         raise RuntimeError(f"{system} generated the wrong number of tokens for {bad} of {len(wanted)} requests")
 
 
-def _baton_generate(engine: LLMEngine, requests: list[Request]) -> list[int]:
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
+def _baton_generate(engine: LLMEngine, requests: list[Request], structured: StructuredOutput | None) -> list[int]:
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, structured_output=structured)
+              for _, n in requests]
     return [len(out.token_ids) for out in engine.generate([p for p, _ in requests], params)]
 
 
-def run_baton(engine: LLMEngine, requests: list[Request], warmup: list[Request]) -> ThroughputResult:
-    _check_lengths("baton (warm-up)", _baton_generate(engine, warmup), warmup)
+def run_baton(engine: LLMEngine, requests: list[Request], warmup: list[Request],
+              structured: StructuredOutput | None = None) -> ThroughputResult:
+    """The engine on the requests; with structured, every request under that grammar (its warm-up compiles it,
+    so the timed run sees the cached grammar, as a server does after the schema's first request)."""
+    system = "baton" if structured is None else "baton+json"
+    at_most = structured is not None
+    _check_lengths(f"{system} (warm-up)", _baton_generate(engine, warmup, structured), warmup, at_most)
     stats0, computed0 = replace(engine.scheduler.stats), engine.counters.prompt_tokens_computed
     start = perf_counter()
-    produced = _baton_generate(engine, requests)
+    produced = _baton_generate(engine, requests, structured)
     elapsed = perf_counter() - start
-    _check_lengths("baton", produced, requests)
+    _check_lengths(system, produced, requests, at_most)
     stats, c = engine.scheduler.stats, engine.config
     return ThroughputResult(
-        "baton", len(requests), elapsed, sum(len(p) for p, _ in requests), sum(produced),
+        system, len(requests), elapsed, sum(len(p) for p, _ in requests), sum(produced), output_lens=produced,
         prompt_tokens_computed=engine.counters.prompt_tokens_computed - computed0,
         prefix_cache_queries=stats.prefix_cache_queries - stats0.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits - stats0.prefix_cache_hits,
@@ -119,7 +134,7 @@ def run_baton(engine: LLMEngine, requests: list[Request], warmup: list[Request])
                       max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
                       enable_prefix_caching=c.enable_prefix_caching,
                       enable_chunked_prefill=c.enable_chunked_prefill, dtype=str(engine.dtype),
-                      device=str(engine.device)))
+                      device=str(engine.device), structured_output=None if structured is None else structured.kind))
 
 
 @dataclass(frozen=True)
@@ -239,18 +254,19 @@ def _cell(value: float | int | None, fmt: str) -> str:
 
 
 def format_table(results: list[ThroughputResult]) -> str:
-    header = (f"{'system':<9}{'req/s':>9}{'total tok/s':>13}{'output tok/s':>14}{'elapsed s':>11}"
+    header = (f"{'system':<17}{'req/s':>9}{'total tok/s':>13}{'output tok/s':>14}{'elapsed s':>11}"
               f"{'prefix hits/queries':>23}{'hit ratio':>11}{'prompt computed/total':>23}{'preempt':>9}")
     lines = [header]
     for r in results:
         hits = f"{_cell(r.prefix_cache_hits, 'd')}/{_cell(r.prefix_cache_queries, 'd')}"
         computed = f"{_cell(r.prompt_tokens_computed, 'd')}/{r.prompt_tokens}"
-        lines.append(f"{r.system:<9}{r.requests_per_s:>9.2f}{r.total_tokens_per_s:>13.1f}"
+        lines.append(f"{r.system:<17}{r.requests_per_s:>9.2f}{r.total_tokens_per_s:>13.1f}"
                      f"{r.output_tokens_per_s:>14.1f}{r.elapsed_s:>11.2f}{hits:>23}"
                      f"{_cell(r.prefix_hit_ratio, '.3f'):>11}{computed:>23}{_cell(r.preemptions, 'd'):>9}")
     if len(results) == 2:
         q = ratios(*results)
-        lines.append(f"{'baton/hf':<9}{q['requests_per_s']:>9.2f}{q['total_tokens_per_s']:>13.2f}"
+        label = f"{results[0].system}/{results[1].system}"
+        lines.append(f"{label:<17}{q['requests_per_s']:>9.2f}{q['total_tokens_per_s']:>13.2f}"
                      f"{q['output_tokens_per_s']:>14.2f}{q['elapsed_s']:>11.2f}")
     return "\n".join(lines)
 
@@ -262,5 +278,5 @@ def report(args: dict[str, Any], machine: dict[str, Any], workload: dict[str, An
                            "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
                            "workload": workload, "results": {r.system: r.as_dict() for r in results}}
     if len(results) == 2:
-        doc["ratio_baton_over_hf"] = ratios(*results)
+        doc[f"ratio_{results[0].system}_over_{results[1].system}"] = ratios(*results)
     return doc

@@ -3,8 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from baton.services.engine.structured.spec import check_structured
+
 # Below this temperature sampling is greedy, as in vLLM.
 GREEDY_EPSILON = 1e-5
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the whole output, enforced token by token by the grammar engine (llguidance).
+
+    kind: "json_object" (value ""), "json_schema" (the schema as a JSON string), "regex", "choice" (a JSON list
+    of strings) or "grammar" (an llguidance Lark grammar, which may embed %json{...}). Hashable: the compiled
+    grammar cache is keyed by it."""
+    kind: str
+    value: str = ""
 
 
 @dataclass
@@ -25,6 +38,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
     skip_special_tokens: bool = True
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,6 +77,8 @@ class SamplingParams:
         for ok, name, message in checks:
             if not ok:
                 raise ValueError(f"{name} {message}")
+        if self.structured_output is not None:
+            check_structured(self.structured_output.kind, self.structured_output.value)
 
     def for_choice(self, index: int) -> "SamplingParams":
         """Parameters of the index-th of n parallel samples: seeds are offset so choices differ but reproduce."""

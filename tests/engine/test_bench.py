@@ -153,3 +153,31 @@ def test_shared_prefix_is_served_from_the_prefix_cache(tiny_model_dirs, tmp_path
     assert baton["preemptions"] == 0
     assert baton["prompt_tokens_computed"] == baton["prompt_tokens"] - baton["prefix_cache_hits"]
     assert np.isclose(baton["prefix_hit_ratio"], baton["prefix_cache_hits"] / baton["prompt_tokens"])
+
+
+def test_json_schema_runs_constrained_then_free_at_the_same_lengths(tiny_model_dirs, tmp_path, capsys):
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 99}},
+                                  "required": ["n"], "additionalProperties": False}))
+    doc = _bench(tiny_model_dirs["llama"], tmp_path / "r.json", "--num-prompts", "4", "--input-len", "24",
+                 "--output-len", "30", "--range-ratio", "0.2", "--json-schema", str(schema))
+    constrained, free = doc["results"]["baton+json"], doc["results"]["baton"]
+    _assert_positive_figures(constrained)
+    _assert_positive_figures(free)
+    # {"n":NN} ends well inside the budget, and the free run generates exactly as much.
+    assert constrained["output_tokens"] == free["output_tokens"] < doc["workload"]["output_tokens"]
+    assert constrained["settings"]["structured_output"] == "json_schema"
+    assert "ratio_baton+json_over_baton" in doc
+    assert "baton+json/baton" in capsys.readouterr().out
+
+
+def test_json_schema_that_does_not_compile_is_refused(tiny_model_dirs, tmp_path, capsys):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "frobnicate"}')
+    parser = argparse.ArgumentParser(prog="baton")
+    bench.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", "throughput", "--model", str(tiny_model_dirs["llama"]), "--json-schema",
+                              str(schema)])
+    assert args.func(args) == 2
+    assert "structured_output" in capsys.readouterr().err

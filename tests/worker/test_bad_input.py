@@ -50,6 +50,15 @@ CASES = {
     "oversized message": (
         pb.GenerateRequest(meta=meta("o"), prompt_token_ids=[5] * (1 << 21), params=greedy_params(4)),
         grpc.StatusCode.INVALID_ARGUMENT, "at most"),
+    "schema that does not compile": (
+        pb.GenerateRequest(meta=meta("s"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
+            max_tokens=4, structured_output=pb.StructuredOutput(kind="json_schema", value='{"type": "nope"}'))),
+        grpc.StatusCode.INVALID_ARGUMENT, "structured_output"),
+    "migrated tokens that break the grammar": (
+        pb.GenerateRequest(meta=meta("g"), prompt_token_ids=[1, 2], output_token_ids=[100, 101],
+                           params=pb.SamplingParams(max_tokens=8, structured_output=pb.StructuredOutput(
+                               kind="choice", value='["yes", "no"]'))),
+        grpc.StatusCode.INVALID_ARGUMENT, "does not follow"),
     "unknown KV handle": (
         pb.GenerateRequest(meta=meta("h"), prompt_token_ids=[1, 2, 3], params=greedy_params(4),
                            kv_handle=pb.KVHandle(request_id="never-granted", transport="nixl",
