@@ -7,6 +7,14 @@ from dataclasses import dataclass, field, replace
 GREEDY_EPSILON = 1e-5
 
 
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the output: kind is "json_object", "json_schema", "regex", "choice" or "grammar" (an
+    llguidance Lark grammar, which may embed JSON schemas as `%json { ... }`); value is its text."""
+    kind: str
+    value: str
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -25,6 +33,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
     skip_special_tokens: bool = True
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
