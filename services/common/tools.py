@@ -1,0 +1,108 @@
+"""OpenAI function tools on /v1/chat/completions: the request's `tools`, `tool_choice` and `parallel_tool_calls`,
+the assistant `tool_calls` and `tool` results in the history, and the grammar that enforces `required` and named
+choices (so forced arguments always parse and validate against the function's parameters schema)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from baton.services.engine.sampling_params import StructuredOutput
+
+# OpenAI's rule for function names.
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+# OpenAI's meaning of a function without `parameters`: it takes none.
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # forced calls are always grammar-constrained; auto ones never are
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            try:
+                jsonschema.validators.validator_for(schema).check_schema(schema)
+            except jsonschema.SchemaError as e:
+                raise ValueError(f"is not a valid JSON schema: {e.message}") from None
+        return schema
+
+    def schema(self) -> dict[str, Any]:
+        return NO_PARAMETERS if self.parameters is None else self.parameters
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _FunctionName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: _FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def for_template(self) -> dict[str, Any]:
+        """Templates (Qwen's, Llama's) expect the arguments as a mapping, as transformers documents."""
+        call = self.model_dump()
+        try:
+            call["function"]["arguments"] = json.loads(self.function.arguments)
+        except json.JSONDecodeError:
+            pass  # a template that prints strings as they are still renders it
+        return call
+
+
+def check_tool_choice(tools: list[Tool] | None, choice: ToolChoice | None) -> str | None:
+    """The error message for a tool_choice the tools cannot satisfy, or None."""
+    if choice in (None, "none", "auto"):
+        return None
+    if not tools:
+        return "tool_choice requires tools; none were given"
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
+        return f"tool_choice names the function `{choice.function.name}`, which is not among the tools"
+    return None
+
+
+def forced_output(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> StructuredOutput | None:
+    """The grammar for a forced choice: a named function's output is its arguments object; `required` makes a
+    JSON array of {"name", "arguments"} calls (exactly one when parallel calls are off), as in vLLM."""
+    if isinstance(choice, NamedToolChoice):
+        function = next(t.function for t in tools if t.function.name == choice.function.name)
+        return StructuredOutput("json_schema", json.dumps(function.schema()))
+    if choice != "required":
+        return None
+    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
+                                               "arguments": t.function.schema()},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return StructuredOutput("json_schema", json.dumps(schema))
