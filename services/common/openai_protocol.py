@@ -1,8 +1,8 @@
 """OpenAI /v1/completions and /v1/chat/completions: request models, engine inputs and response bodies.
 
 Shared by `baton run-batch` and the HTTP gateway. Defaults and meanings follow vLLM's OpenAI server. A field
-Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for tools or a JSON
-schema must learn it did not get them.
+Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for something must
+learn it did not get it.
 """
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
 from jinja2 import TemplateError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
+from baton.services.common.tool_parsers import (JsonArrayParser, NamedFunctionParser, ToolParser,
+                                               message_with_calls)
+from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, check_tool_choice, forced_output
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.
@@ -58,8 +61,7 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "tools": _off([]), "tool_choice": _off("none"), "functions": _off([]),
-    "function_call": _off("none"), "parallel_tool_calls": _off(), "audio": _off(), "modalities": _off(["text"]),
+    **_UNSUPPORTED_COMMON, "functions": _off([]), "function_call": _off("none"), "audio": _off(), "modalities": _off(["text"]),
     "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
     "continue_final_message": _off(False), "add_generation_prompt": _off(True),
@@ -131,6 +133,10 @@ class _Request(BaseModel):
         """The field that limits the output, and its value (None: fill the context)."""
         return "max_tokens", self.max_tokens
 
+    def structured_output(self) -> StructuredOutput | None:
+        """The constraint the output must obey (None: free text)."""
+        return None
+
 
 def _one_prompt(value: Any) -> Any:
     """One prompt: a string or token ids, possibly wrapped in a list of one (vLLM's batched form)."""
@@ -167,7 +173,9 @@ class CompletionRequest(_Request):
         """The field that asks for logprobs, and how many top alternatives per token (None: no logprobs)."""
         return "logprobs", self.logprobs
 
-    def choice(self, out: RequestOutput, index: int, text_of: TokenText) -> dict[str, Any]:
+    def choice(self, out: RequestOutput, index: int, text_of: TokenText,
+               tool_parser: ToolParser | None = None) -> dict[str, Any]:
+        """The response's choice; completions have no tools, so `tool_parser` is None."""
         logprobs = None if out.logprobs is None else completion_logprobs(out.logprobs, text_of)
         choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
                   "stop_reason": out.stop_reason}
@@ -178,9 +186,28 @@ class CompletionRequest(_Request):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None  # None only for an assistant message that calls tools
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant only
+    tool_call_id: str | None = None  # tool only: the call this message answers
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True, exclude={"tool_calls"})
+        message.setdefault("content", None)  # templates test it, as for OpenAI's null content
+        if self.tool_calls:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        return message
 
     @field_validator("content", mode="before")
     @classmethod
@@ -201,6 +228,9 @@ class ChatCompletionRequest(_Request):
     PROMPT_FIELD: ClassVar[str] = "messages"
 
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
@@ -211,13 +241,17 @@ class ChatCompletionRequest(_Request):
         super()._check()
         if self.top_logprobs and not self.logprobs:
             raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        problem = check_tool_choice(self.tools, self.tool_choice)
+        if problem:
+            raise ProtocolError(problem, param="tool_choice")
 
     def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
         if tokenizer.chat_template is None:
             raise ProtocolError("this model has no chat template; use /v1/completions", param="messages")
-        messages = [m.model_dump(exclude_none=True) for m in self.messages]
+        messages = [m.for_template() for m in self.messages]
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except TemplateError as e:  # templates reject what they cannot render, e.g. roles that do not alternate
             raise ProtocolError(f"messages: the chat template refused them: {e}", param="messages") from None
         return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
@@ -230,10 +264,25 @@ class ChatCompletionRequest(_Request):
     def logprobs_k(self) -> tuple[str, int | None]:
         return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
 
-    def choice(self, out: RequestOutput, index: int, text_of: TokenText) -> dict[str, Any]:
+    def structured_output(self) -> StructuredOutput | None:
+        return forced_output(self.tools or [], self.tool_choice, self.parallel_tool_calls)
+
+    def tool_parser(self, auto: ToolParser | None) -> ToolParser | None:
+        """How the output becomes tool calls: a forced choice's constrained shape, the model family's format
+        (`auto`) for an auto choice; None when it is plain content."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return NamedFunctionParser(self.tool_choice.function.name)
+        return JsonArrayParser() if self.tool_choice == "required" else auto
+
+    def choice(self, out: RequestOutput, index: int, text_of: TokenText,
+               tool_parser: ToolParser | None = None) -> dict[str, Any]:
         logprobs = None if out.logprobs is None else {"content": [chat_logprob(lp, text_of) for lp in out.logprobs]}
-        choice = {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": logprobs,
-                  "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        message, called = message_with_calls(out.text, tool_parser)
+        finish_reason = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
+        choice = {"index": index, "message": message, "logprobs": logprobs,
+                  "finish_reason": finish_reason, "stop_reason": out.stop_reason}
         if self.return_token_ids:
             choice["token_ids"] = out.token_ids
         return choice
@@ -288,7 +337,8 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
         stop=request.stop, stop_token_ids=request.stop_token_ids,
         include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
-        min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens)
+        min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
+        structured_output=request.structured_output())
     try:
         params.validate(max_logprobs)
     except ValueError as e:
@@ -371,10 +421,13 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 
 
 def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokenizer: PreTrainedTokenizerBase,
-                   model: str, response_id: str | None = None) -> dict[str, Any]:
-    """The response body for a finished request; outputs are its n choices in order."""
+                   model: str, response_id: str | None = None,
+                   tool_parser: ToolParser | None = None) -> dict[str, Any]:
+    """The response body for a finished request; outputs are its n choices in order. `tool_parser` reads tool
+    calls in the model family's format, for chat requests whose tool_choice is auto."""
     chat = isinstance(request, ChatCompletionRequest)
     text_of = TokenText(tokenizer)
+    parser = request.tool_parser(tool_parser) if chat else None
     prompt_tokens = len(outputs[0].prompt_token_ids)
     completion_tokens = sum(len(out.token_ids) for out in outputs)
     body: dict[str, Any] = {
@@ -382,7 +435,7 @@ def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokeniz
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [request.choice(out, i, text_of) for i, out in enumerate(outputs)],
+        "choices": [request.choice(out, i, text_of, parser) for i, out in enumerate(outputs)],
         "usage": usage_body(prompt_tokens, completion_tokens, max(out.num_cached_tokens for out in outputs)),
     }
     if chat and request.return_token_ids:

@@ -208,6 +208,18 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def message_with_calls(text: str, parser: ToolParser | None) -> tuple[dict[str, Any], bool]:
+    """The assistant message of a finished output, and whether it called tools (content is then null unless the
+    model wrote text before its calls)."""
+    calls = parser.parse(text, final=True) if parser else Parsed(text)
+    if not calls.valid_calls():
+        return {"role": "assistant", "content": text}, False
+    tool_calls = [{"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                  for c in calls.valid_calls()]
+    return {"role": "assistant", "content": calls.content if calls.content.strip() else None,
+            "tool_calls": tool_calls}, True
+
+
 class ToolCallStream:
     """One choice's growing text as OpenAI chat deltas: content, then per call one delta with its id, type and
     name, then fragments of its arguments."""

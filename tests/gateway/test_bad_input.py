@@ -53,8 +53,8 @@ CASES = [
      "invalid_value"),
     ("image content part", "/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, AUTH, 400, "invalid_value"),
-    ("tools unsupported", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, AUTH, 400,
-     "unsupported_parameter"),
+    ("tool without a function", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, AUTH, 400,
+     "invalid_value"),
     ("response_format unsupported", "/chat/completions", {**OK_CHAT, "response_format": {"type": "json_object"}},
      AUTH, 400, "unsupported_parameter"),
     ("top_logprobs without logprobs", "/chat/completions", {**OK_CHAT, "top_logprobs": 2}, AUTH, 400,
