@@ -237,6 +237,14 @@ class ChatCompletionRequest(_Request):
     # The template adds BOS and friends itself; adding them again would double them (vLLM's default).
     add_special_tokens: bool = False
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_form(cls, value: Any) -> Any:
+        # Checked here so the error names the field, not a member of the union.
+        if isinstance(value, str) and value not in ("none", "auto", "required"):
+            raise ValueError(f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
+        return value
+
     def _check(self) -> None:
         super()._check()
         if self.top_logprobs and not self.logprobs:

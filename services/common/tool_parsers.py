@@ -140,10 +140,10 @@ class Llama3JsonParser:
 
     def parse(self, text: str, final: bool) -> Parsed:
         body = text.lstrip()
-        if body.startswith(self.TAG):
-            body = body[len(self.TAG):].lstrip()
-        elif not final and self.TAG.startswith(body):
-            return Parsed("")  # empty, or maybe the tag's start: wait
+        tagged = body.startswith(self.TAG)
+        body = body[len(self.TAG):].lstrip() if tagged else body
+        if not final and (not body if tagged else self.TAG.startswith(body)):
+            return Parsed("")  # nothing yet, or maybe the tag's start: wait
         if not body.startswith("{"):
             return Parsed(text)
         parsed, pos = Parsed(""), 0
