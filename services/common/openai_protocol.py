@@ -18,6 +18,8 @@ from transformers import PreTrainedTokenizerBase
 from baton.services.common.tool_parsers import (JsonArrayParser, NamedFunctionParser, ToolParser,
                                                message_with_calls)
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, check_tool_choice, forced_output
+from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
+                                                      structured_output_of)
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
@@ -49,13 +51,12 @@ def _off(*values: Any) -> Callable[[Any, dict], bool]:
 # Known OpenAI/vLLM fields Baton does not implement -> when a value is still acceptable.
 _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
     "best_of": lambda value, body: value == body.get("n", 1),
-    "logit_bias": _off({}), "echo": _off(False), "response_format": _off({"type": "text"}),
+    "logit_bias": _off({}), "echo": _off(False),
     "use_beam_search": _off(False), "length_penalty": _off(1.0), "prompt_logprobs": _off(),
     "allowed_token_ids": _off(), "bad_words": _off([]), "logits_processors": _off(),
     "truncate_prompt_tokens": _off(), "spaces_between_special_tokens": _off(True),
-    "return_tokens_as_token_ids": _off(False), "guided_json": _off(), "guided_regex": _off(),
-    "guided_choice": _off(), "guided_grammar": _off(), "guided_decoding_backend": _off(),
-    "guided_whitespace_pattern": _off(), "structural_tag": _off(), "structured_outputs": _off(),
+    "return_tokens_as_token_ids": _off(False), "guided_decoding_backend": _off(),
+    "guided_whitespace_pattern": _off(), "structural_tag": _off(),
     "kv_transfer_params": _off(), "vllm_xargs": _off(), "request_id": _off(), "metadata": _off({}),
     "store": _off(False), "service_tier": _off("auto", "default"),
 }
@@ -101,6 +102,13 @@ class _Request(BaseModel):
     cache_salt: str | None = Field(None, min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured output (see structured_request): one of these at most.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
 
     @classmethod
     def parse(cls, body: Any) -> _Request:
@@ -133,8 +141,8 @@ class _Request(BaseModel):
         """The field that limits the output, and its value (None: fill the context)."""
         return "max_tokens", self.max_tokens
 
-    def structured_output(self) -> StructuredOutput | None:
-        """The constraint the output must obey (None: free text)."""
+    def tool_constraint(self) -> StructuredOutput | None:
+        """The grammar a forced tool choice puts on the output (None: none)."""
         return None
 
 
@@ -272,7 +280,7 @@ class ChatCompletionRequest(_Request):
     def logprobs_k(self) -> tuple[str, int | None]:
         return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
 
-    def structured_output(self) -> StructuredOutput | None:
+    def tool_constraint(self) -> StructuredOutput | None:
         return forced_output(self.tools or [], self.tool_choice, self.parallel_tool_calls)
 
     def tool_parser(self, auto: ToolParser | None) -> ToolParser | None:
@@ -339,6 +347,7 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         raise ProtocolError(f"{request.PROMPT_FIELD} must not be empty", param=request.PROMPT_FIELD)
     max_tokens = _max_tokens(request, len(prompt), max_model_len)
     logprobs_field, logprobs = request.logprobs_k()
+    structured_field, structured = _structured_output(request)
     params = SamplingParams(
         max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
         min_p=request.min_p, seed=request.seed, repetition_penalty=request.repetition_penalty,
@@ -346,15 +355,31 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         stop=request.stop, stop_token_ids=request.stop_token_ids,
         include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
-        structured_output=request.structured_output())
+        structured_output=structured)
     try:
         params.validate(max_logprobs)
     except ValueError as e:
         # validate() starts its message with the SamplingParams field; report the API field it came from.
         field, _, detail = str(e).partition(" ")
-        param = {"logprobs": logprobs_field, "max_tokens": request.requested_max_tokens()[0]}.get(field, field)
+        param = {"logprobs": logprobs_field, "max_tokens": request.requested_max_tokens()[0],
+                 "structured_output": structured_field}.get(field, field)
         raise ProtocolError(f"{param} {detail}", param=param) from None
     return EngineInput(prompt, params, request.n, -request.priority, request.cache_salt)
+
+
+def _structured_output(request: OpenAIRequest) -> tuple[str | None, StructuredOutput | None]:
+    """The field that constrains the output and its constraint: a structured-output field or a forced tool
+    choice, never both (which one should win is not for the server to guess)."""
+    try:
+        field, structured = structured_output_of(request)
+    except ValueError as e:
+        raise ProtocolError(str(e), param=str(e).partition(":")[0]) from None
+    forced = request.tool_constraint()
+    if forced is None:
+        return field, structured
+    if structured is not None:
+        raise ProtocolError(f"tool_choice: a forced tool call cannot be combined with {field}", param="tool_choice")
+    return "tool_choice", forced
 
 
 def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> int:

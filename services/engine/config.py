@@ -33,6 +33,8 @@ class EngineConfig(BatonSettings):
         None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
+    grammar_cache_size: int = Field(
+        64, ge=1, description="Compiled structured-output grammars kept, least recently used dropped first")
     engine: Literal["model", "sim"] = Field(
         "model", description="model: run the checkpoint; sim: a timing model stands in for the forward pass (the "
                              "scheduler, block manager and prefix cache stay real; --model only gives the tokenizer)")

@@ -20,6 +20,9 @@ from baton.services.engine.sampling_params import SamplingParams
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.sim_runner import SimulatedRunner
+from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer
+from baton.services.engine.structured.masks import MaskBuilder
+from baton.services.engine.structured.matcher import GrammarState
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -101,6 +104,9 @@ class LLMEngine:
         # side), and requests whose blocks are reserved while their KV arrives (decode side).
         self.held: dict[str, Sequence] = {}
         self.reserved: dict[str, Sequence] = {}
+        # Built on the first structured request: wrapping a large vocabulary for the grammar engine takes ~1 s.
+        self._grammars: GrammarCache | None = None
+        self._masks: MaskBuilder | None = None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None, output_token_ids: list[int] | None = None,
@@ -125,6 +131,8 @@ class LLMEngine:
         self._check_prompt(prompt + outputs, params, len(outputs))
         seq = Sequence(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
                        output_token_ids=outputs)
+        if params.structured_output is not None:
+            seq.grammar = self._grammar(params, outputs)
         skip_draws(seq, self.model_config.vocab_size, len(outputs))
         detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.prompt_token_ids, params)
         # Replaying the tokens generated elsewhere leaves the detokenizer where the first worker's was: text a
@@ -134,6 +142,17 @@ class LLMEngine:
         detok.release(final=False)
         self.seqs[request_id], self.detokenizers[request_id] = seq, detok
         return seq
+
+    def _grammar(self, params: SamplingParams, outputs: list[int]) -> GrammarState:
+        """A matcher for the request's structured output, past the tokens it already generated elsewhere."""
+        if self._grammars is None:
+            vocab = self.model_config.vocab_size
+            self._grammars = GrammarCache(make_tokenizer(self.tokenizer, vocab, self.eos_ids),
+                                          self.config.grammar_cache_size)
+            self._masks = MaskBuilder(vocab)
+        state = GrammarState(self._grammars.matcher(params.structured_output))
+        state.replay(outputs)
+        return state
 
     def reserve_prefilled(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                           priority: int = 0, cache_salt: str | None = None) -> tuple[list[int], int] | None:
@@ -224,13 +243,15 @@ class LLMEngine:
         if not scheduled:
             return []
         started = time.perf_counter()
+        # The grammar masks are filled on another thread while the forward pass runs.
+        masks = self._masks.start([s.seq for s in scheduled if s.samples]) if self._masks else None
         items, logits = self.runner.execute(scheduled)
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
         prompt_tokens = sum(_prompt_tokens_in(s) for s in scheduled)
         self.counters.prompt_tokens_computed += prompt_tokens
         seqs = [item.seq for item in items]
-        tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids)
+        tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids, masks)
         seconds = time.perf_counter() - started
         self.counters.recent_step_seconds.append(seconds)
         if prompt_tokens:
@@ -244,12 +265,18 @@ class LLMEngine:
             seq.logprobs.append(logprobs)
         stop = self.detokenizers[seq.request_id].add(token)
         p = seq.params
-        if stop is not None:
+        # A token the grammar refuses can only come from a hand-off whose first token was drawn unconstrained.
+        grammar_ok = seq.grammar is None or seq.grammar.advance(token)
+        if not grammar_ok:
+            seq.finish_reason = "abort"
+        elif stop is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
         elif token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
             seq.finish_reason, seq.stop_reason = "stop", token
         elif token in self.eos_ids and not p.ignore_eos and seq.num_output_tokens >= p.min_tokens:
             seq.finish_reason = "stop"
+        elif seq.grammar is not None and seq.grammar.done:
+            seq.finish_reason = "stop"  # the grammar's output is complete
         elif seq.num_output_tokens >= p.max_tokens:
             seq.finish_reason = "length"
         if seq.finish_reason is not None:

@@ -10,6 +10,7 @@ import torch
 
 from baton.services.engine.outputs import TokenLogprobs
 from baton.services.engine.sequence import Sequence
+from baton.services.engine.structured.masks import PendingMasks
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -32,10 +33,11 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
 
 
 def _block_early_stop(logits: torch.Tensor, seqs: list[Sequence], eos_ids: frozenset[int]) -> None:
-    """min_tokens: the stop tokens cannot be drawn until enough tokens exist."""
+    """min_tokens: the stop tokens cannot be drawn until enough tokens exist. A grammar decides alone where its
+    output ends: blocking the end it allows could leave no token at all."""
     for row, seq in enumerate(seqs):
         p = seq.params
-        if seq.num_output_tokens < p.min_tokens:
+        if seq.num_output_tokens < p.min_tokens and seq.grammar is None:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_ids)
             if banned:
                 logits[row, list(banned)] = float("-inf")
@@ -94,13 +96,18 @@ def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator,
-           eos_ids: frozenset[int]) -> tuple[list[int], list[TokenLogprobs | None]]:
-    """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row logprobs."""
+           eos_ids: frozenset[int], masks: PendingMasks | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row logprobs.
+
+    masks: the grammar masks of the constrained rows, applied before temperature and the filters so these only
+    ever choose among tokens the grammar allows."""
     want_logprobs = [s.params.logprobs is not None for s in seqs]
     # Logprobs describe the model's own distribution, before penalties and filters (vLLM's default).
     raw = logits.log_softmax(dim=1) if any(want_logprobs) else None
     _apply_penalties(logits, seqs)
     _block_early_stop(logits, seqs, eos_ids)
+    if masks is not None:
+        masks.apply(logits, seqs)
     chosen = logits.argmax(dim=1)
     random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if random_rows:

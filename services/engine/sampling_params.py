@@ -3,16 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from baton.services.engine.structured.spec import check_structured
+
 # Below this temperature sampling is greedy, as in vLLM.
 GREEDY_EPSILON = 1e-5
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    """A constraint on the output: kind is "json_object", "json_schema", "regex", "choice" or "grammar" (an
-    llguidance Lark grammar, which may embed JSON schemas as `%json { ... }`); value is its text."""
+    """A constraint on the whole output, enforced token by token by the grammar engine (llguidance).
+
+    kind: "json_object" (value ""), "json_schema" (the schema as a JSON string), "regex", "choice" (a JSON list
+    of strings) or "grammar" (an llguidance Lark grammar, which may embed %json{...}). Hashable: the compiled
+    grammar cache is keyed by it."""
     kind: str
-    value: str
+    value: str = ""
 
 
 @dataclass
@@ -72,6 +77,8 @@ class SamplingParams:
         for ok, name, message in checks:
             if not ok:
                 raise ValueError(f"{name} {message}")
+        if self.structured_output is not None:
+            check_structured(self.structured_output.kind, self.structured_output.value)
 
     def for_choice(self, index: int) -> "SamplingParams":
         """Parameters of the index-th of n parallel samples: seeds are offset so choices differ but reproduce."""

@@ -9,6 +9,7 @@ import torch
 from baton.services.engine.block_hash import block_hashes
 from baton.services.engine.outputs import TokenLogprobs
 from baton.services.engine.sampling_params import SamplingParams
+from baton.services.engine.structured.matcher import GrammarState
 
 
 class Status(enum.Enum):
@@ -42,6 +43,8 @@ class Sequence:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        # Set by the engine for a request with a structured_output: where its output stands in the grammar.
+        self.grammar: GrammarState | None = None
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 from baton.v1 import worker_pb2 as pb
 
 
@@ -14,7 +14,9 @@ def params_from_proto(p: pb.SamplingParams) -> SamplingParams:
         repetition_penalty=p.repetition_penalty or 1.0, frequency_penalty=p.frequency_penalty,
         presence_penalty=p.presence_penalty, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
         include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs if p.HasField("logprobs") else None, skip_special_tokens=p.skip_special_tokens)
+        logprobs=p.logprobs if p.HasField("logprobs") else None, skip_special_tokens=p.skip_special_tokens,
+        structured_output=(StructuredOutput(p.structured_output.kind, p.structured_output.value)
+                           if p.HasField("structured_output") else None))
 
 
 def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
@@ -23,7 +25,9 @@ def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
         seed=p.seed, repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
         presence_penalty=p.presence_penalty, stop=p.stop, stop_token_ids=p.stop_token_ids,
         include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs, skip_special_tokens=p.skip_special_tokens)
+        logprobs=p.logprobs, skip_special_tokens=p.skip_special_tokens,
+        structured_output=(pb.StructuredOutput(kind=p.structured_output.kind, value=p.structured_output.value)
+                           if p.structured_output is not None else None))
 
 
 def logprob_to_proto(lp: TokenLogprobs) -> pb.TokenLogprob:
