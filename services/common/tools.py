@@ -91,16 +91,43 @@ def check_tool_choice(tools: list[Tool] | None, choice: ToolChoice | None) -> st
     return None
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+
+
+def closed_schema(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` wherever an object lists its properties and says nothing
+    about others, as vLLM's default grammar backend (xgrammar's strict mode) does: otherwise a forced call may
+    append made-up arguments, and a weak model never stops. Everything it accepts validates against the original."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_schema(sub) for name, sub in closed[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_schema(sub) for sub in closed[key]]
+    for key in _SCHEMAS:
+        if key in closed:
+            closed[key] = closed_schema(closed[key])
+    if "properties" in closed and "additionalProperties" not in closed and "patternProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed
+
+
 def forced_output(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> StructuredOutput | None:
     """The grammar for a forced choice: a named function's output is its arguments object; `required` makes a
-    JSON array of {"name", "arguments"} calls (exactly one when parallel calls are off), as in vLLM."""
+    JSON array of {"name", "arguments"} calls (exactly one when parallel calls are off), as in vLLM. Schemas are
+    closed (see closed_schema)."""
     if isinstance(choice, NamedToolChoice):
         function = next(t.function for t in tools if t.function.name == choice.function.name)
-        return StructuredOutput("json_schema", json.dumps(function.schema()))
+        return StructuredOutput("json_schema", json.dumps(closed_schema(function.schema())))
     if choice != "required":
         return None
     calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                               "arguments": t.function.schema()},
+                                               "arguments": closed_schema(t.function.schema())},
               "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not parallel:

@@ -115,3 +115,22 @@ def test_truncated_forced_call_is_content_with_finish_length(tokenizer):
     request = parse_request(CHAT, {"messages": USER, "tools": TOOLS, "tool_choice": "required"})
     choice = build_response(request, [_output('[{"name": "get_ti', "length")], tokenizer, "tiny")["choices"][0]
     assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+
+
+def test_forced_schemas_are_closed_where_they_say_nothing(tokenizer):
+    open_schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+        "c": {"type": "array", "items": {"anyOf": [{"type": "object", "properties": {"d": {"type": "null"}}}]}},
+        "e": {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}},
+        "properties": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": open_schema}}]
+    inp = engine_input(tokenizer, tools=tools, tool_choice={"type": "function", "function": {"name": "f"}})
+    closed = json.loads(inp.params.structured_output.value)
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["c"]["items"]["anyOf"][0]["additionalProperties"] is False
+    assert closed["properties"]["e"]["additionalProperties"] == {"type": "integer"}  # said something: kept
+    assert closed["properties"]["properties"] == {"type": "string"}  # a property's name is not a keyword
+    example = {"a": {"b": 1}, "c": [{"d": None}], "e": {"x": 2}, "properties": "p"}
+    jsonschema.validate(example, closed)
+    jsonschema.validate(example, open_schema)
+    assert not jsonschema.Draft202012Validator(closed).is_valid({**example, "extra": 1})
