@@ -62,8 +62,8 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "functions": _off([]), "function_call": _off("none"), "audio": _off(), "modalities": _off(["text"]),
-    "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
+    **_UNSUPPORTED_COMMON, "functions": _off([]), "function_call": _off("none"), "audio": _off(),
+    "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
     "continue_final_message": _off(False), "add_generation_prompt": _off(True),
 }

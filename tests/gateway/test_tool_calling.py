@@ -157,3 +157,18 @@ def test_bad_tool_choice_is_a_400(client, model):
         client.chat.completions.create(model=model.name, messages=MESSAGES, tools=TOOLS,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
     assert info.value.body["param"] == "tool_choice"
+
+
+def test_auto_choice_parses_the_models_tool_call_streamed_and_not(client, model):
+    """Auto choices are parsed from free text; a grammar (not the tool machinery) makes the random model write a
+    Hermes-style call after some text, so the parser and its streamed deltas run on real token boundaries."""
+    call = {"type": "object", "properties": {"name": {"const": "get_time"}, "arguments": TIME},
+            "required": ["name", "arguments"], "additionalProperties": False}
+    grammar = 'start: "Checking.\\n<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(call)
+    kwargs = _kwargs(model, "auto", 5, extra_body={"structured_outputs": {"grammar": grammar}})
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking.\n"
+    whole = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    check_calls(whole, "get_time")
+    calls, finish, content = from_stream(client.chat.completions.create(**kwargs, stream=True))
+    assert (calls, finish, content) == (whole, "tool_calls", "Checking.\n")
