@@ -268,7 +268,9 @@ class ChatCompletionRequest(_Request):
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         try:
             text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        except TemplateError as e:  # templates reject what they cannot render, e.g. roles that do not alternate
+        # Templates reject what they cannot render, e.g. roles that do not alternate; some fail on a null content
+        # (an assistant message that only calls tools) with a TypeError.
+        except (TemplateError, TypeError) as e:
             raise ProtocolError(f"messages: the chat template refused them: {e}", param="messages") from None
         return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
 

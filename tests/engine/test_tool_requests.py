@@ -134,3 +134,11 @@ def test_forced_schemas_are_closed_where_they_say_nothing(tokenizer):
     jsonschema.validate(example, closed)
     jsonschema.validate(example, open_schema)
     assert not jsonschema.Draft202012Validator(closed).is_valid({**example, "extra": 1})
+
+
+def test_a_template_that_cannot_render_null_content_is_a_400(tiny_model_dirs):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    tokenizer.chat_template = "{% for m in messages %}{{ '\\n' + m['content'] }}{% endfor %}"
+    with pytest.raises(ProtocolError) as info:
+        engine_input(tokenizer, messages=HISTORY)
+    assert info.value.param == "messages" and "chat template" in info.value.message
