@@ -94,13 +94,13 @@ def test_batched_prompts_are_refused(prompt):
 
 @pytest.mark.parametrize("url,extra,param", [
     (CHAT, {"functions": [{"name": "f"}]}, "functions"),
-    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"structural_tag": "{}"}, "structural_tag"),
     (CHAT, {"echo": True}, "echo"),
     (COMPLETIONS, {"suffix": "end"}, "suffix"),
     (COMPLETIONS, {"echo": True}, "echo"),
     (COMPLETIONS, {"best_of": 3}, "best_of"),
     (COMPLETIONS, {"logit_bias": {"5": 10}}, "logit_bias"),
-    (COMPLETIONS, {"guided_regex": "a+"}, "guided_regex"),
+    (COMPLETIONS, {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
 ])
 def test_unsupported_fields_are_refused(url, extra, param):
     base = {"messages": USER} if url == CHAT else {"prompt": "x"}
