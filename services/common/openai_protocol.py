@@ -15,7 +15,7 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.common.tool_parsers import (JsonArrayParser, NamedFunctionParser, ToolParser,
+from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
                                                message_with_calls)
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, check_tool_choice, forced_output
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
@@ -292,7 +292,9 @@ class ChatCompletionRequest(_Request):
             return None
         if isinstance(self.tool_choice, NamedToolChoice):
             return NamedFunctionParser(self.tool_choice.function.name)
-        return JsonArrayParser() if self.tool_choice == "required" else auto
+        if self.tool_choice == "required":
+            return JsonArrayParser()  # its grammar already allows one call only, without parallel calls
+        return auto if auto is None or self.parallel_tool_calls else FirstCallOnly(auto)
 
     def choice(self, out: RequestOutput, index: int, text_of: TokenText,
                tool_parser: ToolParser | None = None) -> dict[str, Any]:

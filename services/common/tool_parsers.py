@@ -182,6 +182,17 @@ class NamedFunctionParser:
         return _finish(Parsed("", [PartialCall(self.name, text.strip())]), text, final)
 
 
+class FirstCallOnly:
+    """parallel_tool_calls false with an auto choice: a model that writes several calls gets its first."""
+
+    def __init__(self, inner: ToolParser) -> None:
+        self.inner = inner
+
+    def parse(self, text: str, final: bool) -> Parsed:
+        parsed = self.inner.parse(text, final)
+        return Parsed(parsed.content, parsed.calls[:1])
+
+
 PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
 
 

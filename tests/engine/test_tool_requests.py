@@ -142,3 +142,12 @@ def test_a_template_that_cannot_render_null_content_is_a_400(tiny_model_dirs):
     with pytest.raises(ProtocolError) as info:
         engine_input(tokenizer, messages=HISTORY)
     assert info.value.param == "messages" and "chat template" in info.value.message
+
+
+def test_auto_without_parallel_calls_keeps_the_first(tokenizer):
+    two = ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n</tool_call>')
+    for parallel, names in ((True, ["get_time", "get_weather"]), (False, ["get_time"])):
+        request = parse_request(CHAT, {"messages": USER, "tools": TOOLS, "parallel_tool_calls": parallel})
+        body = build_response(request, [_output(two)], tokenizer, "tiny", tool_parser=HermesParser())
+        assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == names
