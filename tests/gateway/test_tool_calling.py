@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 WEATHER = {
     "type": "object",
@@ -172,3 +174,19 @@ def test_auto_choice_parses_the_models_tool_call_streamed_and_not(client, model)
     check_calls(whole, "get_time")
     calls, finish, content = from_stream(client.chat.completions.create(**kwargs, stream=True))
     assert (calls, finish, content) == (whole, "tool_calls", "Checking.\n")
+
+
+class Alarm(BaseModel):
+    """Sets an alarm."""
+    hour: int = Field(ge=0, le=23)
+    zone: Literal["UTC", "CET"]
+    repeat: list[Literal["mon", "tue"]] = Field(max_length=2)
+
+
+def test_strict_pydantic_tool_parses(client, model):
+    """The openai client's own strict-tool path: it parses the arguments into the model it built the tool from."""
+    completion = client.chat.completions.parse(
+        model=model.name, messages=MESSAGES, tools=[openai.pydantic_function_tool(Alarm)], max_tokens=200, seed=0,
+        tool_choice={"type": "function", "function": {"name": "Alarm"}})
+    call = completion.choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, Alarm)
