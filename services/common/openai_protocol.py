@@ -15,11 +15,11 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
-                                               message_with_calls)
-from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, check_tool_choice, forced_output
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
+from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
+                                               message_with_calls)
+from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
@@ -63,7 +63,8 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
     **_UNSUPPORTED_COMMON, "functions": _off([]), "function_call": _off("none"), "audio": _off(),
-    "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
+    "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(),
+    "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
     "continue_final_message": _off(False), "add_generation_prompt": _off(True),
 }
@@ -257,9 +258,9 @@ class ChatCompletionRequest(_Request):
         super()._check()
         if self.top_logprobs and not self.logprobs:
             raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
-        problem = check_tool_choice(self.tools, self.tool_choice)
+        problem = tools_problem(self.tools, self.tool_choice)
         if problem:
-            raise ProtocolError(problem, param="tool_choice")
+            raise ProtocolError(problem[1], param=problem[0])
 
     def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
         if tokenizer.chat_template is None:

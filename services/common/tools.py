@@ -80,14 +80,19 @@ class ToolCall(BaseModel):
         return call
 
 
-def check_tool_choice(tools: list[Tool] | None, choice: ToolChoice | None) -> str | None:
-    """The error message for a tool_choice the tools cannot satisfy, or None."""
+def tools_problem(tools: list[Tool] | None, choice: ToolChoice | None) -> tuple[str, str] | None:
+    """(field, message) when the tools or the tool_choice cannot be served: names must tell tools apart, and a
+    forced choice needs the tool it forces."""
+    names = [t.function.name for t in tools or []]
+    if len(set(names)) < len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        return "tools", f"tools: function names must be unique; `{duplicate}` is given more than once"
     if choice in (None, "none", "auto"):
         return None
     if not tools:
-        return "tool_choice requires tools; none were given"
-    if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
-        return f"tool_choice names the function `{choice.function.name}`, which is not among the tools"
+        return "tool_choice", "tool_choice requires tools; none were given"
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        return "tool_choice", f"tool_choice names the function `{choice.function.name}`, which is not among the tools"
     return None
 
 

@@ -77,6 +77,7 @@ def test_required_choice_is_an_array_of_calls(tokenizer, parallel):
     ({"tool_choice": "required"}, "tool_choice", "requires tools"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice", "requires tools"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "'auto'"),
+    ({"tools": [TOOLS[1], TOOLS[0], TOOLS[1]]}, "tools", "`get_time` is given more than once"),
     ({"messages": [*USER, {"role": "tool", "content": "x"}]}, "messages[1]", "tool_call_id"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}]},
      "messages[0].tool_calls[0].function", "required"),
