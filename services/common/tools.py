@@ -27,15 +27,22 @@ class FunctionDefinition(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        if schema is not None:
-            try:
-                jsonschema.validators.validator_for(schema).check_schema(schema)
-            except jsonschema.SchemaError as e:
-                raise ValueError(f"is not a valid JSON schema: {e.message}") from None
+        """A JSON schema of an object, as OpenAI requires: arguments are a JSON object."""
+        if schema is None:
+            return None
+        if not isinstance(schema.get("$schema", ""), str):  # validator_for would fail on it with a TypeError
+            raise ValueError("is not a valid JSON schema: $schema must be a string")
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as e:
+            raise ValueError(f"is not a valid JSON schema: {e.message}") from None
+        if schema.get("type", "object") != "object":
+            raise ValueError(f"must describe an object (type \"object\"), not type {schema['type']!r}")
         return schema
 
     def schema(self) -> dict[str, Any]:
-        return NO_PARAMETERS if self.parameters is None else self.parameters
+        """The arguments' schema; an object even where the parameters leave the type out."""
+        return NO_PARAMETERS if self.parameters is None else {"type": "object", **self.parameters}
 
 
 class Tool(BaseModel):
