@@ -1,8 +1,8 @@
 """OpenAI /v1/completions and /v1/chat/completions: request models, engine inputs and response bodies.
 
 Shared by `baton run-batch` and the HTTP gateway. Defaults and meanings follow vLLM's OpenAI server. A field
-Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for tools must learn
-it did not get them.
+Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for something must
+learn it did not get it.
 """
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
 from jinja2 import TemplateError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
+from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
+                                               message_with_calls)
+from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.
@@ -59,9 +62,9 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "tools": _off([]), "tool_choice": _off("none"), "functions": _off([]),
-    "function_call": _off("none"), "parallel_tool_calls": _off(), "audio": _off(), "modalities": _off(["text"]),
-    "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
+    **_UNSUPPORTED_COMMON, "functions": _off([]), "function_call": _off("none"), "audio": _off(),
+    "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(),
+    "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
     "continue_final_message": _off(False), "add_generation_prompt": _off(True),
 }
@@ -139,6 +142,10 @@ class _Request(BaseModel):
         """The field that limits the output, and its value (None: fill the context)."""
         return "max_tokens", self.max_tokens
 
+    def tool_constraint(self) -> StructuredOutput | None:
+        """The grammar a forced tool choice puts on the output (None: none)."""
+        return None
+
 
 def _one_prompt(value: Any) -> Any:
     """One prompt: a string or token ids, possibly wrapped in a list of one (vLLM's batched form)."""
@@ -175,7 +182,9 @@ class CompletionRequest(_Request):
         """The field that asks for logprobs, and how many top alternatives per token (None: no logprobs)."""
         return "logprobs", self.logprobs
 
-    def choice(self, out: RequestOutput, index: int, text_of: TokenText) -> dict[str, Any]:
+    def choice(self, out: RequestOutput, index: int, text_of: TokenText,
+               tool_parser: ToolParser | None = None) -> dict[str, Any]:
+        """The response's choice; completions have no tools, so `tool_parser` is None."""
         logprobs = None if out.logprobs is None else completion_logprobs(out.logprobs, text_of)
         choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
                   "stop_reason": out.stop_reason}
@@ -186,9 +195,28 @@ class CompletionRequest(_Request):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None  # None only for an assistant message that calls tools
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant only
+    tool_call_id: str | None = None  # tool only: the call this message answers
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True, exclude={"tool_calls"})
+        message.setdefault("content", None)  # templates test it, as for OpenAI's null content
+        if self.tool_calls:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        return message
 
     @field_validator("content", mode="before")
     @classmethod
@@ -209,24 +237,41 @@ class ChatCompletionRequest(_Request):
     PROMPT_FIELD: ClassVar[str] = "messages"
 
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     # The template adds BOS and friends itself; adding them again would double them (vLLM's default).
     add_special_tokens: bool = False
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_form(cls, value: Any) -> Any:
+        # Checked here so the error names the field, not a member of the union.
+        if isinstance(value, str) and value not in ("none", "auto", "required"):
+            raise ValueError(f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
+        return value
+
     def _check(self) -> None:
         super()._check()
         if self.top_logprobs and not self.logprobs:
             raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        problem = tools_problem(self.tools, self.tool_choice)
+        if problem:
+            raise ProtocolError(problem[1], param=problem[0])
 
     def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
         if tokenizer.chat_template is None:
             raise ProtocolError("this model has no chat template; use /v1/completions", param="messages")
-        messages = [m.model_dump(exclude_none=True) for m in self.messages]
+        messages = [m.for_template() for m in self.messages]
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except TemplateError as e:  # templates reject what they cannot render, e.g. roles that do not alternate
+            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        # Templates reject what they cannot render, e.g. roles that do not alternate; some fail on a null content
+        # (an assistant message that only calls tools) with a TypeError.
+        except (TemplateError, TypeError) as e:
             raise ProtocolError(f"messages: the chat template refused them: {e}", param="messages") from None
         return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
 
@@ -238,10 +283,27 @@ class ChatCompletionRequest(_Request):
     def logprobs_k(self) -> tuple[str, int | None]:
         return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
 
-    def choice(self, out: RequestOutput, index: int, text_of: TokenText) -> dict[str, Any]:
+    def tool_constraint(self) -> StructuredOutput | None:
+        return forced_output(self.tools or [], self.tool_choice, self.parallel_tool_calls)
+
+    def tool_parser(self, auto: ToolParser | None) -> ToolParser | None:
+        """How the output becomes tool calls: a forced choice's constrained shape, the model family's format
+        (`auto`) for an auto choice; None when it is plain content."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return NamedFunctionParser(self.tool_choice.function.name)
+        if self.tool_choice == "required":
+            return JsonArrayParser()  # its grammar already allows one call only, without parallel calls
+        return auto if auto is None or self.parallel_tool_calls else FirstCallOnly(auto)
+
+    def choice(self, out: RequestOutput, index: int, text_of: TokenText,
+               tool_parser: ToolParser | None = None) -> dict[str, Any]:
         logprobs = None if out.logprobs is None else {"content": [chat_logprob(lp, text_of) for lp in out.logprobs]}
-        choice = {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": logprobs,
-                  "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        message, called = message_with_calls(out.text, tool_parser)
+        finish_reason = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
+        choice = {"index": index, "message": message, "logprobs": logprobs,
+                  "finish_reason": finish_reason, "stop_reason": out.stop_reason}
         if self.return_token_ids:
             choice["token_ids"] = out.token_ids
         return choice
@@ -290,10 +352,7 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         raise ProtocolError(f"{request.PROMPT_FIELD} must not be empty", param=request.PROMPT_FIELD)
     max_tokens = _max_tokens(request, len(prompt), max_model_len)
     logprobs_field, logprobs = request.logprobs_k()
-    try:
-        structured_field, structured = structured_output_of(request)
-    except ValueError as e:
-        raise ProtocolError(str(e), param=str(e).partition(":")[0]) from None
+    structured_field, structured = _structured_output(request)
     params = SamplingParams(
         max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
         min_p=request.min_p, seed=request.seed, repetition_penalty=request.repetition_penalty,
@@ -311,6 +370,21 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
                  "structured_output": structured_field}.get(field, field)
         raise ProtocolError(f"{param} {detail}", param=param) from None
     return EngineInput(prompt, params, request.n, -request.priority, request.cache_salt)
+
+
+def _structured_output(request: OpenAIRequest) -> tuple[str | None, StructuredOutput | None]:
+    """The field that constrains the output and its constraint: a structured-output field or a forced tool
+    choice, never both (which one should win is not for the server to guess)."""
+    try:
+        field, structured = structured_output_of(request)
+    except ValueError as e:
+        raise ProtocolError(str(e), param=str(e).partition(":")[0]) from None
+    forced = request.tool_constraint()
+    if forced is None:
+        return field, structured
+    if structured is not None:
+        raise ProtocolError(f"tool_choice: a forced tool call cannot be combined with {field}", param="tool_choice")
+    return "tool_choice", forced
 
 
 def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> int:
@@ -385,10 +459,13 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 
 
 def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokenizer: PreTrainedTokenizerBase,
-                   model: str, response_id: str | None = None) -> dict[str, Any]:
-    """The response body for a finished request; outputs are its n choices in order."""
+                   model: str, response_id: str | None = None,
+                   tool_parser: ToolParser | None = None) -> dict[str, Any]:
+    """The response body for a finished request; outputs are its n choices in order. `tool_parser` reads tool
+    calls in the model family's format, for chat requests whose tool_choice is auto."""
     chat = isinstance(request, ChatCompletionRequest)
     text_of = TokenText(tokenizer)
+    parser = request.tool_parser(tool_parser) if chat else None
     prompt_tokens = len(outputs[0].prompt_token_ids)
     completion_tokens = sum(len(out.token_ids) for out in outputs)
     body: dict[str, Any] = {
@@ -396,7 +473,7 @@ def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokeniz
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [request.choice(out, i, text_of) for i, out in enumerate(outputs)],
+        "choices": [request.choice(out, i, text_of, parser) for i, out in enumerate(outputs)],
         "usage": usage_body(prompt_tokens, completion_tokens, max(out.num_cached_tokens for out in outputs)),
     }
     if chat and request.return_token_ids:

@@ -8,6 +8,7 @@ from typing import Any
 
 from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, build_response, new_response_id,
                                                    parse_request, to_engine_input)
+from baton.services.common.tool_parsers import parser_for_model
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.outputs import RequestOutput
 
@@ -63,4 +64,6 @@ def run_requests(engine: LLMEngine, requests: list[tuple[str, Any]]) -> list[dic
 
 def _response(engine: LLMEngine, submitted: _Submitted) -> dict[str, Any]:
     outputs = [submitted.outputs[engine_id] for engine_id in submitted.engine_ids]
-    return build_response(submitted.request, outputs, engine.tokenizer, engine.model_id, submitted.response_id)
+    parser = parser_for_model("auto", engine.model_config.model_type, engine.tokenizer)
+    return build_response(submitted.request, outputs, engine.tokenizer, engine.model_id, submitted.response_id,
+                          parser)

@@ -31,14 +31,43 @@ EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # every byte must be a token so any UTF-8 text round-trips
 
-# ChatML; content may also be a list of OpenAI-style parts, of which only text parts are rendered.
+# ChatML with Hermes/Qwen2.5-style tools: the function signatures go in the system turn inside <tools></tools>,
+# an assistant's calls are <tool_call>{"name": ..., "arguments": {...}}</tool_call>, and tool results are
+# <tool_response> blocks in a user turn. Content may also be a list of OpenAI-style parts, of which only text
+# parts are rendered.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] if part['type'] == 'text' %}{{- part['text'] }}{%- endfor %}"
+    "{%- macro render(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- elif content %}{%- for part in content if part['type'] == 'text' %}{{- part['text'] }}{%- endfor %}"
     "{%- endif %}"
+    "{%- endmacro %}"
+    "{%- set skip_first = false %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- render(messages[0]['content']) + '\\n\\n' }}"
+    "{%- set skip_first = true %}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions. Their signatures are within <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each call, return a JSON object with the function name and arguments within '"
+    "'<tool_call></tool_call> tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}'"
+    "'\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if loop.first and skip_first %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + render(message['content']) + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + render(message['content']) }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{%- if not loop.first or message['content'] %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + (call['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{- (call['arguments'] if call['arguments'] is string else call['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -151,6 +180,7 @@ def embedded_model_path() -> Path:
     root = Path(os.environ.get("BATON_CACHE_DIR") or "~/.cache/baton").expanduser() / "models"
     final = root / "tiny-llama"
     if final.is_dir():
+        _refresh_chat_template(final)
         return final
     root.mkdir(parents=True, exist_ok=True)
     # Build aside and rename: the rename is atomic, so readers never see a half-written folder and, when
@@ -166,3 +196,13 @@ def embedded_model_path() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _refresh_chat_template(model_dir: Path) -> None:
+    """An embedded model made by an older Baton gets the current chat template (tool support came later)."""
+    path = model_dir / "chat_template.jinja"
+    if not path.is_file() or path.read_text(encoding="utf-8") == CHAT_TEMPLATE:
+        return
+    tmp = path.with_name(f".chat_template.{os.getpid()}.tmp")
+    tmp.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new template, never half of one

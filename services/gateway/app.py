@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest, ProtocolError, build_response, new_response_id, parse_request,
-                                                   to_engine_input)
+from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest, ProtocolError,
+                                                   build_response, new_response_id, parse_request, to_engine_input)
+from baton.services.common.tool_parsers import ToolParser
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.errors import error_response, install_handlers, protocol_error_response
@@ -40,6 +41,7 @@ class Gateway:
     metrics: GatewayMetrics
     registry: CollectorRegistry
     limiter: RateLimiter
+    tool_parser: ToolParser | None = None  # the model family's tool-call format, for auto tool_choice
     draining: bool = False
 
     def default_tenant(self) -> Tenant:
@@ -150,7 +152,9 @@ async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[
             log.info("request %s: client disconnected; aborted", api.response_id)
     states: list[ChoiceState] = work.result()
     outputs = [s.as_output(api.oai.logprobs_k()[1] is not None) for s in states]
-    return build_response(api.oai, outputs, serving.gateway.tokenizer, serving.gateway.model_name, api.response_id)
+    gateway = serving.gateway
+    return build_response(api.oai, outputs, gateway.tokenizer, gateway.model_name, api.response_id,
+                          gateway.tool_parser)
 
 
 def _trace_headers(request: Request) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from baton.services.common.openai_protocol import (ChatCompletionRequest, OpenAIRequest, TokenText, chat_logprob,
                                                    completion_logprobs, usage_body)
+from baton.services.common.tool_parsers import ToolCallStream, ToolParser
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.worker.convert import logprob_from_proto, stop_reason_of
 from baton.v1 import worker_pb2 as pb
@@ -52,9 +53,13 @@ def sse(data: dict[str, Any] | str) -> str:
 class ChunkWriter:
     """Streamed chunks in vLLM's shapes for completions and chat completions."""
 
-    def __init__(self, request: OpenAIRequest, response_id: str, model: str, text_of: TokenText) -> None:
+    def __init__(self, request: OpenAIRequest, response_id: str, model: str, text_of: TokenText,
+                 tool_parser: ToolParser | None = None) -> None:
         self.request = request
         self.chat = isinstance(request, ChatCompletionRequest)
+        # How chat text becomes tool-call deltas (None: it streams as content); one stream per choice.
+        self.tool_parser = request.tool_parser(tool_parser) if isinstance(request, ChatCompletionRequest) else None
+        self.tool_streams: dict[int, ToolCallStream] = {}
         self.base = {"id": response_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": int(time.time()), "model": model}
         self.text_of = text_of
@@ -74,9 +79,11 @@ class ChunkWriter:
         if message.finished:
             finish["stop_reason"] = state.stop_reason
         if self.chat:
+            delta, called = self._chat_delta(state.index, message)
+            if called and finish["finish_reason"] == "stop":
+                finish["finish_reason"] = "tool_calls"
             lp = {"content": [chat_logprob(x, self.text_of) for x in logprobs]} if want else None
-            choice = {"index": state.index, "delta": {"content": message.text} if message.text else {},
-                      "logprobs": lp, **finish}
+            choice = {"index": state.index, "delta": delta, "logprobs": lp, **finish}
         else:
             lp = None
             if want:
@@ -86,6 +93,13 @@ class ChunkWriter:
         if self.request.return_token_ids:
             choice["token_ids"] = list(message.token_ids)
         return self._chunk(choice)
+
+    def _chat_delta(self, index: int, message: pb.GenerateResponse) -> tuple[dict[str, Any], bool]:
+        """A chat chunk's delta, and whether the choice has called a tool so far."""
+        if self.tool_parser is None:
+            return ({"content": message.text} if message.text else {}), False
+        stream = self.tool_streams.setdefault(index, ToolCallStream(self.tool_parser))
+        return stream.feed(message.text, message.finished), stream.called
 
     def usage(self, states: list[ChoiceState]) -> str:
         usage = usage_body(len(states[0].prompt_token_ids), sum(len(s.token_ids) for s in states),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -47,6 +48,10 @@ class GatewayConfig(BatonSettings):
     max_migrations: int = Field(
         2, ge=0, description="How often a request may move to another decode worker after one dies mid-stream")
     request_timeout_seconds: float = Field(600.0, gt=0, description="Longest a request may run end to end")
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = Field(
+        "auto", description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "
+                            "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), 'auto' "
+                            "(from the chat template and model family) or 'none' (never)")
     slos: str = Field("0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; "
                                                 "a priority without one uses the nearest lower priority's")
 

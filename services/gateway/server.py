@@ -10,6 +10,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
+from baton.services.common.tool_parsers import parser_for_model
 from baton.services.engine.models.loader import context_length, load_config
 from baton.services.gateway.app import Gateway, create_app
 from baton.services.gateway.config import GatewayConfig
@@ -33,11 +34,13 @@ def build_gateway(config: GatewayConfig) -> Gateway:
             raise ValueError("auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
-    return Gateway(config=config, tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
-                   model_name=config.served_model_name or model_dir.name,
-                   max_model_len=context_length(load_config(model_dir), config.max_model_len),
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model_config = load_config(model_dir)
+    return Gateway(config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
+                   max_model_len=context_length(model_config, config.max_model_len),
                    orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
-                   metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter())
+                   metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
+                   tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
 
 
 async def serve(config: GatewayConfig) -> int:

@@ -133,7 +133,8 @@ class Serving:
             yield index, item
 
     async def stream(self, api: ApiRequest, running: Running) -> AsyncIterator[str]:
-        writer = ChunkWriter(api.oai, api.response_id, self.gateway.model_name, self.text_of)
+        writer = ChunkWriter(api.oai, api.response_id, self.gateway.model_name, self.text_of,
+                             self.gateway.tool_parser)
         last_token_at: dict[int, float] = {}  # per choice: n choices interleave, and ITL is a gap within one
         try:
             if writer.chat:

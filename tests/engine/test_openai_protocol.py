@@ -93,8 +93,6 @@ def test_batched_prompts_are_refused(prompt):
 
 
 @pytest.mark.parametrize("url,extra,param", [
-    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (CHAT, {"tool_choice": "auto"}, "tool_choice"),
     (CHAT, {"functions": [{"name": "f"}]}, "functions"),
     (CHAT, {"structural_tag": "{}"}, "structural_tag"),
     (CHAT, {"echo": True}, "echo"),
@@ -119,9 +117,12 @@ def test_harmless_values_of_unsupported_fields_pass(tokenizer, extra):
 
 @pytest.mark.parametrize("url,body,param,fragment", [
     (COMPLETIONS, {"prompt": "x", "frobnicate": 1}, "frobnicate", "unknown field"),
-    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "'assistant'"),
-    (CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls",
-     "unknown"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "'assistant'"),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "tool_call_id"),
+    (CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0]",
+     "only assistant"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages[0]", "content is required"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
      "messages[0].content", "'image_url'"),
     (CHAT, {"messages": []}, "messages", "at least 1"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -36,7 +37,8 @@ BAD = {
     "bad-body": ({"custom_id": "bad-body", "url": "/v1/completions", "body": {"prompt": "x", "temperature": "hot"}},
                  "temperature"),
     "tools": ({"custom_id": "tools", "url": "/v1/chat/completions",
-               "body": {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}}, "tools"),
+               "body": {"messages": MESSAGES, "tools": [{"type": "function", "function": {}}]}},
+              "tools[0].function.name"),
     "too-long": ({"custom_id": "too-long", "url": "/v1/completions",
                   "body": {"prompt": [5] * 10, "max_tokens": MAX_LEN}}, "max_tokens"),
     "stream": ({"custom_id": "stream", "url": "/v1/completions", "body": {"prompt": "x", "stream": True}}, "stream"),
@@ -162,3 +164,19 @@ def test_seeded_samples_reproduce_and_stop_strings_cut(results, model_dir, tmp_p
     for line, expected in zip(again[:2], (text[:index], text[:index + len(stop)])):
         choice = line["response"]["body"]["choices"][0]
         assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (expected, "stop", stop)
+
+
+def test_forced_tool_call_offline(model_dir, tmp_path):
+    schema = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]},
+                                               "hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+              "required": ["zone", "hour"]}
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": schema}}]
+    items = [{"custom_id": f"tool-{seed}", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": "Time?"}], "tools": tools, "tool_choice": "required",
+                       "parallel_tool_calls": False, "max_tokens": 60, "seed": seed}} for seed in range(3)]
+    for line in run_batch(model_dir, tmp_path, items, "tools"):
+        choice = ChatCompletion.model_validate(body({line["custom_id"]: line}, line["custom_id"])).choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0].function
+        assert call.name == "get_time"
+        jsonschema.validate(json.loads(call.arguments), schema)

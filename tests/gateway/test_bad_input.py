@@ -12,6 +12,7 @@ from tests.gateway.stack import blocks_all_free
 AUTH = {"Authorization": "Bearer sk-alpha"}
 OK_COMPLETION = {"prompt": "hello", "max_tokens": 2}
 OK_CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 # (name, path, body (dict or raw bytes), headers, status, error code)
 CASES = [
@@ -53,8 +54,18 @@ CASES = [
      "invalid_value"),
     ("image content part", "/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, AUTH, 400, "invalid_value"),
-    ("tools unsupported", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, AUTH, 400,
-     "unsupported_parameter"),
+    ("tool without a function", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, AUTH, 400,
+     "invalid_value"),
+    ("tool without a name", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {}}]},
+     AUTH, 400, "invalid_value"),
+    ("tool_choice unknown function", "/chat/completions", {**OK_CHAT, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}, AUTH, 400, "invalid_value"),
+    ("tool_choice required without tools", "/chat/completions", {**OK_CHAT, "tool_choice": "required"}, AUTH, 400,
+     "invalid_value"),
+    ("tool parameters not a schema", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "objekt"}}}]}, AUTH, 400, "invalid_value"),
+    ("tool message without tool_call_id", "/chat/completions", {"messages": [
+        *OK_CHAT["messages"], {"role": "tool", "content": "42"}]}, AUTH, 400, "invalid_value"),
     ("response_format bad schema", "/chat/completions", {**OK_CHAT, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}, AUTH, 400,
      "invalid_value"),
