@@ -42,6 +42,10 @@ class Sequence:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        # Entry i scores prompt token i given tokens before it; the first prompt token has no prefix to score by.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = \
+            [None] if params.prompt_logprobs is not None else None
+        self.prompt_logprobs_sent = False
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -63,6 +67,10 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.prompt_logprobs is not None
 
     @property
     def is_finished(self) -> bool:
