@@ -26,7 +26,8 @@ def _submit(engine: LLMEngine, url: str, body: Any) -> _Submitted:
     request = parse_request(url, body)
     if request.stream:
         raise ProtocolError("stream=true is not supported for offline (batch) requests", param="stream")
-    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len, engine.config.max_logprobs)
+    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len, engine.config.max_logprobs,
+                          engine.model_config.vocab_size)
     response_id = new_response_id(request)
     engine_ids = [f"{response_id}-{i}" for i in range(inp.n)]
     try:

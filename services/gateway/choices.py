@@ -10,7 +10,7 @@ from typing import Any
 from baton.services.common.openai_protocol import (ChatCompletionRequest, OpenAIRequest, TokenText, chat_logprob,
                                                    completion_logprobs, usage_body)
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.worker.convert import logprob_from_proto, stop_reason_of
+from baton.services.worker.convert import logprob_from_proto, prompt_logprobs_from_proto, stop_reason_of
 from baton.v1 import worker_pb2 as pb
 
 
@@ -24,6 +24,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # from the first message that carries them
 
     def add(self, message: pb.GenerateResponse) -> list[TokenLogprobs]:
         """Folds a message in; returns its logprobs (for the streamed chunk)."""
@@ -32,17 +33,21 @@ class ChoiceState:
         new = [logprob_from_proto(lp) for lp in message.logprobs]
         self.logprobs += new
         self.num_cached_tokens = max(self.num_cached_tokens, message.num_cached_tokens)
+        if message.prompt_logprobs and self.prompt_logprobs is None:
+            self.prompt_logprobs = prompt_logprobs_from_proto(message.prompt_logprobs)
         if message.finished:
             self.finish_reason = message.finish_reason or None
             self.stop_reason = stop_reason_of(message)
         return new
 
-    def as_output(self, want_logprobs: bool) -> RequestOutput:
+    def as_output(self, want_logprobs: bool, want_prompt_logprobs: bool = False) -> RequestOutput:
+        # A one-token prompt has nothing to score: its (empty) entries never travel.
+        prompt_logprobs = (self.prompt_logprobs or [None]) if want_prompt_logprobs else None
         return RequestOutput(request_id="", prompt_token_ids=self.prompt_token_ids, token_ids=self.token_ids,
                              text=self.text, num_new_tokens=0, new_text="", finished=True,
                              finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                              logprobs=self.logprobs if want_logprobs else None,
-                             num_cached_tokens=self.num_cached_tokens)
+                             num_cached_tokens=self.num_cached_tokens, prompt_logprobs=prompt_logprobs)
 
 
 def sse(data: dict[str, Any] | str) -> str:

@@ -33,9 +33,11 @@ def build_gateway(config: GatewayConfig) -> Gateway:
             raise ValueError("auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
+    model_config = load_config(model_dir)
     return Gateway(config=config, tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
                    model_name=config.served_model_name or model_dir.name,
-                   max_model_len=context_length(load_config(model_dir), config.max_model_len),
+                   max_model_len=context_length(model_config, config.max_model_len),
+                   vocab_size=model_config.vocab_size,
                    orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
                    metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter())
 
