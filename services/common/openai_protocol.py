@@ -59,7 +59,7 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "tools": _off([]), "tool_choice": _off("none"), "functions": _off([]),
+    **_UNSUPPORTED_COMMON, "echo": _off(False), "tools": _off([]), "tool_choice": _off("none"), "functions": _off([]),
     "function_call": _off("none"), "parallel_tool_calls": _off(), "audio": _off(), "modalities": _off(["text"]),
     "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
