@@ -57,9 +57,10 @@ def blocks_all_free(stack: Stack) -> bool:
 
 
 def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 1,
-                api_keys_file: Path | None = None) -> Stack:
+                api_keys_file: Path | None = None, router_args: list[str] | None = None) -> Stack:
     args = argparse.Namespace(mode=mode, prefill_workers=1, decode_workers=decode_workers, kv_transport="nixl",
-                              host="127.0.0.1", port=free_port(), worker_arg=["--num-kv-blocks=512"], router_arg=[],
+                              host="127.0.0.1", port=free_port(), worker_arg=["--num-kv-blocks=512"],
+                              router_arg=router_args or [],
                               api_keys_file=str(api_keys_file) if api_keys_file else None)
     services: list[ServiceProcess] = []
     try:

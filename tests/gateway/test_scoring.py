@@ -8,13 +8,21 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.gateway.stack import metric
+
 ATOL = 1e-4
 PROMPT = list(range(100, 140)) + list(range(300, 310))  # 50 tokens: three full blocks of 16 and a tail
 
 
+@pytest.fixture(scope="module", params=["handoff", "colocated"])
+def scoring_stack(request):
+    """Disaggregated with every prompt handed off, so the prefill worker scores it, and colocated."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture
-def client(stack, api_key):
-    return openai.OpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
+def client(scoring_stack):
+    return openai.OpenAI(base_url=scoring_stack.url, api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +32,15 @@ def reference(model):
         return hf(torch.tensor([PROMPT])).logits[0].float().log_softmax(dim=-1)
 
 
-def test_echo_logprobs_with_max_tokens_0_match_transformers(client, model, reference):
+def test_echo_logprobs_with_max_tokens_0_match_transformers(client, scoring_stack, model, reference):
     tokenizer = AutoTokenizer.from_pretrained(str(model))
+    # Disaggregated, the prefill worker scores the prompt; colocated, the only worker does.
+    scorer = (scoring_stack.workers("prefill") or scoring_stack.workers())[0]
+    computed = metric(scorer, "baton_prompt_tokens_computed_total")
     kwargs = dict(model=model.name, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2, temperature=0)
     client.completions.create(**kwargs)  # the prompt's blocks are now cached; scoring must not skip them
     out = client.completions.create(**kwargs)
+    assert metric(scorer, "baton_prompt_tokens_computed_total") - computed == 2 * len(PROMPT)
     choice = out.choices[0]
     assert choice.text == tokenizer.decode(PROMPT) and choice.finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(PROMPT), 0)
