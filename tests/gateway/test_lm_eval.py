@@ -35,7 +35,7 @@ def test_local_completions_scores_a_multiple_choice_task(handoff, model, tmp_pat
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(name, "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
-    lm_eval = pytest.importorskip("lm_eval")
+    import lm_eval  # imported here, after the offline switches, which datasets reads at import
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
 
@@ -46,7 +46,8 @@ def test_local_completions_scores_a_multiple_choice_task(handoff, model, tmp_pat
                                         tokenizer=str(model), tokenizer_backend="huggingface", max_retries=1,
                                         max_length=256)
     results = lm_eval.simple_evaluate(model=lm, tasks=["baton_tiny_mc"], log_samples=True,
-                                      task_manager=TaskManager(include_path=str(tmp_path)))
+                                      task_manager=TaskManager(include_path=str(tmp_path),
+                                                                               include_defaults=False))
     accuracy = results["results"]["baton_tiny_mc"]["acc,none"]
     assert isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0
     hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
