@@ -170,9 +170,6 @@ class CompletionRequest(_Request):
         super()._check()
         if self.max_tokens == 0 and not self.echo:
             raise ProtocolError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
-        if self.echo and self.stream:
-            raise ProtocolError("echo is not supported with stream=true; send stream=false", param="echo",
-                                code="unsupported_parameter")
 
     def prompt_logprobs_k(self) -> int | None:
         # echo with logprobs lists the prompt's tokens first, with the same top-k as the answer's.

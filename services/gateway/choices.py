@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from baton.services.common.openai_protocol import (ChatCompletionRequest, OpenAIRequest, TokenText, chat_logprob,
-                                                   completion_logprobs, usage_body)
+from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIRequest,
+                                                   TokenText, chat_logprob, completion_logprobs, echo_logprobs,
+                                                   usage_body)
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.worker.convert import logprob_from_proto, prompt_logprobs_from_proto, stop_reason_of
 from baton.v1 import worker_pb2 as pb
@@ -64,6 +65,7 @@ class ChunkWriter:
                      "created": int(time.time()), "model": model}
         self.text_of = text_of
         self.offsets: dict[int, int] = {}  # completions logprobs: text offset per choice
+        self.echo = isinstance(request, CompletionRequest) and request.echo
 
     def _chunk(self, choice: dict[str, Any]) -> str:
         return sse({**self.base, "choices": [choice]})
@@ -78,21 +80,39 @@ class ChunkWriter:
         finish = {"finish_reason": state.finish_reason if message.finished else None}
         if message.finished:
             finish["stop_reason"] = state.stop_reason
+            if self.request.scores_only:
+                finish = {"finish_reason": "length", "stop_reason": None}
         if self.chat:
             lp = {"content": [chat_logprob(x, self.text_of) for x in logprobs]} if want else None
             choice = {"index": state.index, "delta": {"content": message.text} if message.text else {},
                       "logprobs": lp, **finish}
         else:
-            lp = None
-            if want:
-                lp = completion_logprobs(logprobs, self.text_of, self.offsets.get(state.index, 0))
-                self.offsets[state.index] = self.offsets.get(state.index, 0) + sum(len(t) for t in lp["tokens"])
-            choice = {"index": state.index, "text": message.text, "logprobs": lp, **finish}
+            choice = {"index": state.index, **self._completion_delta(state, message, logprobs, want), **finish}
         if self.request.return_token_ids:
             choice["token_ids"] = list(message.token_ids)
         return self._chunk(choice)
 
+    def _completion_delta(self, state: ChoiceState, message: pb.GenerateResponse, logprobs: list[TokenLogprobs],
+                          want: bool) -> dict[str, Any]:
+        """A completions chunk's text and logprobs; with echo, a choice's first chunk starts with the prompt."""
+        text = message.text
+        if self.request.scores_only:  # max_tokens 0: the one token run to score the prompt is not shown
+            text, logprobs = "", []
+        first = self.echo and state.index not in self.offsets
+        if first:
+            prompt = self.request.prompt
+            text = (prompt if isinstance(prompt, str) else self.text_of.tokenizer.decode(prompt)) + text
+        lp = None
+        if want and first:
+            lp = echo_logprobs(state.prompt_token_ids, state.prompt_logprobs or [None], logprobs, self.text_of)
+        elif want:
+            lp = completion_logprobs(logprobs, self.text_of, self.offsets.get(state.index, 0))
+        if lp is not None or first:
+            tokens = lp["tokens"] if lp is not None else []
+            self.offsets[state.index] = self.offsets.get(state.index, 0) + sum(len(t) for t in tokens)
+        return {"text": text, "logprobs": lp}
+
     def usage(self, states: list[ChoiceState]) -> str:
-        usage = usage_body(len(states[0].prompt_token_ids), sum(len(s.token_ids) for s in states),
-                           max(s.num_cached_tokens for s in states))
+        generated = 0 if self.request.scores_only else sum(len(s.token_ids) for s in states)
+        usage = usage_body(len(states[0].prompt_token_ids), generated, max(s.num_cached_tokens for s in states))
         return sse({**self.base, "choices": [], "usage": usage})

@@ -273,7 +273,6 @@ def test_echo_with_max_tokens_0_answers_the_prompt_alone(tokenizer):
     (COMPLETIONS, {"logit_bias": {"-1": 1}}, "logit_bias"),
     (COMPLETIONS, {"logit_bias": {"512": 1}}, "logit_bias"),
     (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),
-    (COMPLETIONS, {"echo": True, "stream": True}, "echo"),
     (CHAT, {"prompt_logprobs": -1}, "prompt_logprobs"),
     (CHAT, {"prompt_logprobs": 21}, "prompt_logprobs"),
 ])

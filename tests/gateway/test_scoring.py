@@ -101,3 +101,17 @@ def test_max_tokens_0_without_echo_is_a_400(client, model):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=model.name, prompt="x", max_tokens=0)
     assert info.value.body["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_streamed_echo_matches_the_whole_answer(client, model, max_tokens):
+    kwargs = dict(model=model.name, prompt="Once upon a time", max_tokens=max_tokens, echo=True, logprobs=1,
+                  temperature=0)
+    whole = client.completions.create(**kwargs)
+    chunks = [c for c in client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+              if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    joined = {field: sum((getattr(c.choices[0].logprobs, field) for c in chunks if c.choices[0].logprobs), [])
+              for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert joined == whole.choices[0].logprobs.model_dump()
