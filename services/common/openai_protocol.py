@@ -59,8 +59,9 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "echo": _off(False), "tools": _off([]), "tool_choice": _off("none"), "functions": _off([]),
-    "function_call": _off("none"), "parallel_tool_calls": _off(), "audio": _off(), "modalities": _off(["text"]),
+    **_UNSUPPORTED_COMMON, "echo": _off(False), "tools": _off([]), "tool_choice": _off("none"),
+    "functions": _off([]), "function_call": _off("none"), "parallel_tool_calls": _off(), "audio": _off(),
+    "modalities": _off(["text"]),
     "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(), "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
     "continue_final_message": _off(False), "add_generation_prompt": _off(True),
@@ -322,8 +323,9 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         logit_bias = parse_logit_bias(request.logit_bias, vocab_size)
     except ValueError as e:
         raise ProtocolError(str(e), param="logit_bias") from None
-    # max_tokens 0 still runs one token, which is what scores the prompt; the answer drops it.
-    max_tokens = 1 if request.scores_only else _max_tokens(request, len(prompt), max_model_len)
+    max_tokens = _max_tokens(request, len(prompt), max_model_len)
+    if request.scores_only:  # one token still runs, which is what scores the prompt; the answer drops it
+        max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     params = SamplingParams(
         max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
