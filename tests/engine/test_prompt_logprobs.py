@@ -69,3 +69,22 @@ def test_bad_logit_bias_is_refused(model_dir, bias, message):
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32"))
     with pytest.raises(ValueError, match=message):
         engine.add_request("r", [1, 2, 3], SamplingParams(logit_bias=bias))
+
+
+def test_prompt_logprobs_survive_preemption(model_dir):
+    """24 blocks of 16 tokens hold only a few of these at once, and prompts run in 32-token chunks: sequences are
+    preempted and recomputed (positions already scored are skipped); every prompt is still scored correctly."""
+    prompts = random_prompts(6, 500, seed=11, min_len=60, max_len=60)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=24,
+                                    max_num_batched_tokens=32))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True, temperature=0,
+                                                   prompt_logprobs=1))
+    assert engine.scheduler.stats.preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        check_against(reference_prompt_logprobs(model_dir, prompt), prompt, out.prompt_logprobs, 1)
+
+
+def test_the_simulated_engine_refuses_prompt_logprobs():
+    engine = LLMEngine(EngineConfig(engine="sim"))
+    with pytest.raises(ValueError, match="prompt_logprobs needs the model engine"):
+        engine.add_request("r", [1, 2, 3], SamplingParams(prompt_logprobs=1))
