@@ -130,6 +130,8 @@ class _Request(BaseModel):
     def _check(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ProtocolError("stream_options can only be set when stream is true", param="stream_options")
+        if self.prompt_logprobs is not None and self.stream:  # as vLLM: streamed chunks have no place for them
+            raise ProtocolError("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
 
     def requested_max_tokens(self) -> tuple[str, int | None]:
         """The field that limits the output, and its value (None: fill the context)."""

@@ -275,6 +275,8 @@ def test_echo_with_max_tokens_0_answers_the_prompt_alone(tokenizer):
     (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),
     (CHAT, {"prompt_logprobs": -1}, "prompt_logprobs"),
     (CHAT, {"prompt_logprobs": 21}, "prompt_logprobs"),
+    (CHAT, {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    (COMPLETIONS, {"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
 ])
 def test_bad_scoring_fields_are_refused(tokenizer, url, extra, param):
     base = {"messages": USER} if url == CHAT else {"prompt": "x"}
