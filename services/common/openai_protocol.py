@@ -15,6 +15,7 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
+from baton.services.common.prompt_scoring import parse_logit_bias, prompt_only, vllm_prompt_logprobs
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
 from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
@@ -51,8 +52,7 @@ def _off(*values: Any) -> Callable[[Any, dict], bool]:
 # Known OpenAI/vLLM fields Baton does not implement -> when a value is still acceptable.
 _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
     "best_of": lambda value, body: value == body.get("n", 1),
-    "logit_bias": _off({}), "echo": _off(False),
-    "use_beam_search": _off(False), "length_penalty": _off(1.0), "prompt_logprobs": _off(),
+    "use_beam_search": _off(False), "length_penalty": _off(1.0),
     "allowed_token_ids": _off(), "bad_words": _off([]), "logits_processors": _off(),
     "truncate_prompt_tokens": _off(), "spaces_between_special_tokens": _off(True),
     "return_tokens_as_token_ids": _off(False), "guided_decoding_backend": _off(),
@@ -62,9 +62,9 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "functions": _off([]), "function_call": _off("none"), "audio": _off(),
-    "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(), "reasoning_effort": _off(),
-    "include_reasoning": _off(),
+    **_UNSUPPORTED_COMMON, "echo": _off(False), "functions": _off([]), "function_call": _off("none"),
+    "audio": _off(), "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(),
+    "reasoning_effort": _off(), "include_reasoning": _off(),
     "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
     "continue_final_message": _off(False), "add_generation_prompt": _off(True),
 }
@@ -110,6 +110,8 @@ class _Request(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
+    logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = Field(None, ge=0)  # vLLM's extra: score the prompt, with this many top-k
 
     @classmethod
     def parse(cls, body: Any) -> _Request:
@@ -137,6 +139,8 @@ class _Request(BaseModel):
     def _check(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ProtocolError("stream_options can only be set when stream is true", param="stream_options")
+        if self.prompt_logprobs is not None and self.stream:  # as vLLM: streamed chunks have no place for them
+            raise ProtocolError("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
 
     def requested_max_tokens(self) -> tuple[str, int | None]:
         """The field that limits the output, and its value (None: fill the context)."""
@@ -145,6 +149,15 @@ class _Request(BaseModel):
     def tool_constraint(self) -> StructuredOutput | None:
         """The grammar a forced tool choice puts on the output (None: none)."""
         return None
+
+    def prompt_logprobs_k(self) -> int | None:
+        """Top-k for the prompt's logprobs (None: the prompt is not scored)."""
+        return self.prompt_logprobs
+
+    @property
+    def scores_only(self) -> bool:
+        """max_tokens 0: only the prompt is wanted (completions with echo)."""
+        return False
 
 
 def _one_prompt(value: Any) -> Any:
@@ -167,6 +180,22 @@ class CompletionRequest(_Request):
     max_tokens: int | None = COMPLETION_DEFAULT_MAX_TOKENS
     logprobs: int | None = Field(None, ge=0)
     add_special_tokens: bool = True
+    echo: bool = False
+
+    def _check(self) -> None:
+        super()._check()
+        if self.max_tokens == 0 and not self.echo:
+            raise ProtocolError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
+
+    def prompt_logprobs_k(self) -> int | None:
+        # echo with logprobs lists the prompt's tokens first, with the same top-k as the answer's.
+        echoed = self.logprobs if self.echo else None
+        ks = [k for k in (self.prompt_logprobs, echoed) if k is not None]
+        return max(ks) if ks else None
+
+    @property
+    def scores_only(self) -> bool:
+        return self.max_tokens == 0
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -186,8 +215,17 @@ class CompletionRequest(_Request):
                tool_parser: ToolParser | None = None) -> dict[str, Any]:
         """The response's choice; completions have no tools, so `tool_parser` is None."""
         logprobs = None if out.logprobs is None else completion_logprobs(out.logprobs, text_of)
-        choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
+        text = out.text
+        if self.echo:
+            prompt_text = self.prompt if isinstance(self.prompt, str) else text_of.tokenizer.decode(self.prompt)
+            text = prompt_text + text
+            if out.logprobs is not None:
+                logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs or [None], out.logprobs,
+                                         text_of)
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason,
                   "stop_reason": out.stop_reason}
+        if self.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs or [None], text_of, _clamp)
         if self.return_token_ids:
             choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
         return choice
@@ -345,12 +383,19 @@ class EngineInput:
 
 
 def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, max_model_len: int,
-                    max_logprobs: int = 20) -> EngineInput:
-    """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or oversized input."""
+                    max_logprobs: int = 20, vocab_size: int | None = None) -> EngineInput:
+    """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or oversized input.
+    vocab_size: the model's, which logit_bias ids must fall in (None: the engine checks them)."""
     prompt = request.prompt_token_ids(tokenizer)
     if not prompt:
         raise ProtocolError(f"{request.PROMPT_FIELD} must not be empty", param=request.PROMPT_FIELD)
+    try:
+        logit_bias = parse_logit_bias(request.logit_bias, vocab_size)
+    except ValueError as e:
+        raise ProtocolError(str(e), param="logit_bias") from None
     max_tokens = _max_tokens(request, len(prompt), max_model_len)
+    if request.scores_only:  # one token still runs, which is what scores the prompt; the answer drops it
+        max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     structured_field, structured = _structured_output(request)
     params = SamplingParams(
@@ -360,7 +405,7 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         stop=request.stop, stop_token_ids=request.stop_token_ids,
         include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
-        structured_output=structured)
+        logit_bias=logit_bias, prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
     try:
         params.validate(max_logprobs)
     except ValueError as e:
@@ -441,6 +486,16 @@ def completion_logprobs(logprobs: list[TokenLogprobs], text_of: TokenText, offse
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
+def echo_logprobs(prompt: list[int], prompt_logprobs: list[TokenLogprobs | None], generated: list[TokenLogprobs],
+                  text_of: TokenText) -> dict[str, list]:
+    """Completions logprobs with echo: the prompt's tokens first, the first one unscored (null), as OpenAI's."""
+    first = text_of(prompt[0])
+    rest = completion_logprobs([lp for lp in prompt_logprobs[1:] if lp is not None] + generated, text_of,
+                               offset=len(first))
+    return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+            "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
+
+
 def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8"))}
 
@@ -466,6 +521,8 @@ def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokeniz
     chat = isinstance(request, ChatCompletionRequest)
     text_of = TokenText(tokenizer)
     parser = request.tool_parser(tool_parser) if chat else None
+    if request.scores_only:
+        outputs = [prompt_only(out) for out in outputs]
     prompt_tokens = len(outputs[0].prompt_token_ids)
     completion_tokens = sum(len(out.token_ids) for out in outputs)
     body: dict[str, Any] = {
@@ -478,6 +535,8 @@ def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokeniz
     }
     if chat and request.return_token_ids:
         body["prompt_token_ids"] = outputs[0].prompt_token_ids
+    if chat and request.prompt_logprobs is not None:  # vLLM puts chat's at the top level
+        body["prompt_logprobs"] = vllm_prompt_logprobs(outputs[0].prompt_logprobs or [None], text_of, _clamp)
     return body
 
 

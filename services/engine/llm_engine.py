@@ -72,6 +72,16 @@ def _prompt_tokens_in(item: ScheduledSeq) -> int:
     return max(0, min(item.num_tokens, item.seq.num_prompt_tokens - start))
 
 
+def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprobs | None] | None:
+    """The prompt logprobs, once, when all are known (a hand-off's receiver never has them: its caller got them
+    from the prefill worker)."""
+    done = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == seq.num_prompt_tokens
+    if not done or seq.prompt_logprobs_sent:
+        return None
+    seq.prompt_logprobs_sent = True
+    return seq.prompt_logprobs
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         if config.model is None:
@@ -124,6 +134,7 @@ class LLMEngine:
         if request_id in self.seqs or request_id in self.held:
             raise ValueError(f"request id {request_id!r} is already in flight")
         params.validate(self.config.max_logprobs)
+        self._check_engine_params(params)
         outputs = list(output_token_ids or ())
         if len(outputs) >= params.max_tokens:
             raise ValueError(f"the request already has {len(outputs)} output tokens of max_tokens "
@@ -205,6 +216,13 @@ class LLMEngine:
 
     def _forget(self, seq: Sequence) -> None:
         del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
+
+    def _check_engine_params(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.prompt_logprobs is not None and self.config.engine == "sim":
+            raise ValueError("prompt_logprobs needs the model engine; the simulated engine computes no logits")
 
     def _check_prompt(self, prompt: list[int], params: SamplingParams, num_generated: int = 0) -> None:
         if not prompt:
@@ -301,7 +319,7 @@ class LLMEngine:
             text=detok.text[:detok.released], num_new_tokens=num_new, new_text=new_text, finished=final,
             finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-            num_cached_tokens=seq.num_cached_tokens)
+            num_cached_tokens=seq.num_cached_tokens, prompt_logprobs=_take_prompt_logprobs(seq))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Offline convenience: runs prompts to completion and returns their final outputs in order."""
@@ -310,8 +328,19 @@ class LLMEngine:
         for rid, prompt, p in zip(ids, prompts, params_list):
             self.add_request(rid, prompt, p)
         done: dict[str, RequestOutput] = {}
+        scored: dict[str, list[TokenLogprobs | None]] = {}
         while self.has_unfinished_requests():
             for out in self.step():
+                keep_prompt_logprobs(out, scored)
                 if out.finished:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
+
+
+def keep_prompt_logprobs(out: RequestOutput, scored: dict[str, list[TokenLogprobs | None]]) -> None:
+    """For callers that keep only final outputs: prompt logprobs arrive once, maybe before the end; this puts
+    them on the final output too."""
+    if out.prompt_logprobs is not None:
+        scored[out.request_id] = out.prompt_logprobs
+    if out.finished:
+        out.prompt_logprobs = scored.pop(out.request_id, None)

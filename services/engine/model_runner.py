@@ -10,6 +10,7 @@ from baton.services.engine import kv_cache
 from baton.services.engine.attention import Attention, AttentionMetadata, PrefillSpan, plan_torch
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.models.loader import head_dim, load_model
+from baton.services.engine.prompt_logprobs import score_prompts
 from baton.services.engine.scheduler import ScheduledSeq
 
 
@@ -35,10 +36,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
-        """Runs the step. Returns the items that sample, in packed order, and their float32 logits."""
+        """Runs the step. Returns the items that sample, in packed order, and their float32 logits. Sequences that
+        asked for prompt logprobs get this step's share appended."""
         packed = [s for s in scheduled if s.num_tokens > 1] + [s for s in scheduled if s.num_tokens == 1]
         ids, positions, meta = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
+        if any(s.seq.wants_prompt_logprobs for s in packed):
+            score_prompts(packed, hidden, self.model.compute_logits)
         ends = torch.tensor([s.num_tokens for s in packed]).cumsum(0) - 1
         keep = [i for i, s in enumerate(packed) if s.samples]
         logits = self.model.compute_logits(hidden[ends[keep].to(self.device)])

@@ -9,8 +9,8 @@ from typing import Any
 from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, build_response, new_response_id,
                                                    parse_request, to_engine_input)
 from baton.services.common.tool_parsers import parser_for_model
-from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.outputs import RequestOutput
+from baton.services.engine.llm_engine import LLMEngine, keep_prompt_logprobs
+from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ def _submit(engine: LLMEngine, url: str, body: Any) -> _Submitted:
     request = parse_request(url, body)
     if request.stream:
         raise ProtocolError("stream=true is not supported for offline (batch) requests", param="stream")
-    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len, engine.config.max_logprobs)
+    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len, engine.config.max_logprobs,
+                          engine.model_config.vocab_size)
     response_id = new_response_id(request)
     engine_ids = [f"{response_id}-{i}" for i in range(inp.n)]
     try:
@@ -55,8 +56,10 @@ def run_requests(engine: LLMEngine, requests: list[tuple[str, Any]]) -> list[dic
         results.append(submitted)
         by_engine_id.update(dict.fromkeys(submitted.engine_ids, submitted))
     log.info("running %d engine requests for %d API requests", len(by_engine_id), len(requests))
+    scored: dict[str, list[TokenLogprobs | None]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            keep_prompt_logprobs(out, scored)
             if out.finished:
                 by_engine_id[out.request_id].outputs[out.request_id] = out
     return [_response(engine, r) if isinstance(r, _Submitted) else r for r in results]

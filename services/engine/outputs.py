@@ -26,3 +26,6 @@ class RequestOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[TokenLogprobs] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # Asked-for prompt logprobs, one per prompt token (the first has none); carried once, by the first output
+    # after the whole prompt ran.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -32,6 +32,21 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
                 logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
+def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """OpenAI's logit_bias: one scatter-add over every (row, token, bias) of the batch."""
+    rows, cols, values = [], [], []
+    for row, seq in enumerate(seqs):
+        bias = seq.params.logit_bias
+        if bias:
+            rows += [row] * len(bias)
+            cols += bias.keys()
+            values += bias.values()
+    if rows:
+        dev = logits.device
+        index = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
+        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=dev), accumulate=True)
+
+
 def _block_early_stop(logits: torch.Tensor, seqs: list[Sequence], eos_ids: frozenset[int]) -> None:
     """min_tokens: the stop tokens cannot be drawn until enough tokens exist. A grammar decides alone where its
     output ends: blocking the end it allows could leave no token at all."""
@@ -95,6 +110,7 @@ def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
                          top={} if top is None else dict(zip(top.indices.tolist(), top.values.tolist())))
 
 
+@torch.inference_mode()  # the runner's logits are inference tensors, which only update in place in this mode
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator,
            eos_ids: frozenset[int], masks: BatchMasks | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
     """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row logprobs.
@@ -105,6 +121,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     # Logprobs describe the model's own distribution, before penalties and filters (vLLM's default).
     raw = logits.log_softmax(dim=1) if any(want_logprobs) else None
     _apply_penalties(logits, seqs)
+    _apply_logit_bias(logits, seqs)
     _block_early_stop(logits, seqs, eos_ids)
     if masks is not None:
         masks.apply(logits, seqs)

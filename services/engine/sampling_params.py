@@ -39,6 +39,8 @@ class SamplingParams:
     logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
     skip_special_tokens: bool = True
     structured_output: StructuredOutput | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
+    prompt_logprobs: int | None = None  # logprob of every prompt token given its prefix, plus the top-k
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -70,6 +72,10 @@ class SamplingParams:
              f"must be in [0, max_tokens], got {self.min_tokens}"),
             (self.logprobs is None or 0 <= self.logprobs <= max_logprobs, "logprobs",
              f"must be in [0, {max_logprobs}], got {self.logprobs}"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= max_logprobs, "prompt_logprobs",
+             f"must be in [0, {max_logprobs}], got {self.prompt_logprobs}"),
+            (all(t >= 0 and -100.0 <= b <= 100.0 for t, b in (self.logit_bias or {}).items()), "logit_bias",
+             "token ids must be non-negative and biases in [-100, 100]"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
              "must be non-negative token ids"),

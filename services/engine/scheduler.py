@@ -105,7 +105,8 @@ class Scheduler:
     def _schedule_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.blocks.cached_prefix(seq)
+            # Prompt logprobs need every prompt position's logits: see prompt_logprobs.py.
+            hits = [] if seq.wants_prompt_logprobs else self.blocks.cached_prefix(seq)
             remaining = seq.num_tokens - len(hits) * self.blocks.block_size
             n = min(remaining, budget)
             if n < remaining and not self.enable_chunked_prefill:

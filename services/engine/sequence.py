@@ -45,6 +45,10 @@ class Sequence:
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         # Set by the engine for a request with a structured_output: where its output stands in the grammar.
         self.grammar: GrammarState | None = None
+        # Entry i scores prompt token i given tokens before it; the first prompt token has no prefix to score by.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = \
+            [None] if params.prompt_logprobs is not None else None
+        self.prompt_logprobs_sent = False
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -66,6 +70,10 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.prompt_logprobs is not None
 
     @property
     def is_finished(self) -> bool:

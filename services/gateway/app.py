@@ -43,6 +43,7 @@ class Gateway:
     limiter: RateLimiter
     tool_parser: ToolParser | None = None  # the model family's tool-call format, for auto tool_choice
     draining: bool = False
+    vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
 
     def default_tenant(self) -> Tenant:
         return Tenant(DEFAULT_TENANT, requests_per_minute=self.config.default_requests_per_minute,
@@ -130,7 +131,8 @@ async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str
     if oai.model is not None and oai.model != gateway.model_name:
         return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
                                    f"`{gateway.model_name}`", "model_not_found", param="model")
-    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len, gateway.config.max_logprobs)
+    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len, gateway.config.max_logprobs,
+                          gateway.vocab_size)
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
                           len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
     api = ApiRequest(oai, inp, tenant, new_response_id(oai), started, _trace_headers(request))
@@ -151,7 +153,8 @@ async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[
             work.cancel()
             log.info("request %s: client disconnected; aborted", api.response_id)
     states: list[ChoiceState] = work.result()
-    outputs = [s.as_output(api.oai.logprobs_k()[1] is not None) for s in states]
+    outputs = [s.as_output(api.oai.logprobs_k()[1] is not None, api.oai.prompt_logprobs_k() is not None)
+               for s in states]
     gateway = serving.gateway
     return build_response(api.oai, outputs, gateway.tokenizer, gateway.model_name, api.response_id,
                           gateway.tool_parser)

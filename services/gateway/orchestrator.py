@@ -120,6 +120,7 @@ class Orchestrator:
         if tokens:  # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
             request = worker_pb2.GenerateRequest(meta=meta, prompt_token_ids=choice.prompt, params=choice.params,
                                                  output_token_ids=tokens)
+            request.params.ClearField("prompt_logprobs")  # the first message already carried them
             return decode.Generate(request, metadata=choice.metadata)
         remote = placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and placement.prefill_address
         prefill = self.worker(placement.prefill_address) if remote else None

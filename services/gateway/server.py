@@ -34,10 +34,12 @@ def build_gateway(config: GatewayConfig) -> Gateway:
             raise ValueError("auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model_config = load_config(model_dir)
-    return Gateway(config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return Gateway(config=config, tokenizer=tokenizer,
+                   model_name=config.served_model_name or model_dir.name,
                    max_model_len=context_length(model_config, config.max_model_len),
+                   vocab_size=model_config.vocab_size,
                    orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
                    metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
                    tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))

@@ -1,6 +1,8 @@
 """Between the gRPC messages (baton.v1) and the engine's own types."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 from baton.v1 import worker_pb2 as pb
@@ -16,7 +18,9 @@ def params_from_proto(p: pb.SamplingParams) -> SamplingParams:
         include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
         logprobs=p.logprobs if p.HasField("logprobs") else None, skip_special_tokens=p.skip_special_tokens,
         structured_output=(StructuredOutput(p.structured_output.kind, p.structured_output.value)
-                           if p.HasField("structured_output") else None))
+                           if p.HasField("structured_output") else None),
+        logit_bias=dict(p.logit_bias) or None,
+        prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None)
 
 
 def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
@@ -25,7 +29,8 @@ def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
         seed=p.seed, repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
         presence_penalty=p.presence_penalty, stop=p.stop, stop_token_ids=p.stop_token_ids,
         include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs, skip_special_tokens=p.skip_special_tokens,
+        logprobs=p.logprobs, skip_special_tokens=p.skip_special_tokens, logit_bias=p.logit_bias,
+        prompt_logprobs=p.prompt_logprobs,
         structured_output=(pb.StructuredOutput(kind=p.structured_output.kind, value=p.structured_output.value)
                            if p.structured_output is not None else None))
 
@@ -37,6 +42,15 @@ def logprob_to_proto(lp: TokenLogprobs) -> pb.TokenLogprob:
 def logprob_from_proto(lp: pb.TokenLogprob) -> TokenLogprobs:
     return TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
                          top=dict(sorted(lp.top.items(), key=lambda kv: -kv[1])))
+
+
+def prompt_logprobs_to_proto(entries: list[TokenLogprobs | None]) -> list[pb.TokenLogprob]:
+    """The wire form drops the first prompt token's entry, which is always None."""
+    return [logprob_to_proto(lp) for lp in entries[1:] if lp is not None]
+
+
+def prompt_logprobs_from_proto(entries: Iterable[pb.TokenLogprob]) -> list[TokenLogprobs | None]:
+    return [None, *(logprob_from_proto(lp) for lp in entries)]
 
 
 def set_stop_reason(message: pb.GenerateResponse | pb.PrefillResponse, reason: int | str | None) -> None:
@@ -58,5 +72,7 @@ def output_to_proto(out: RequestOutput, kv_source: str) -> pb.GenerateResponse:
         num_prompt_tokens=len(out.prompt_token_ids), num_cached_tokens=out.num_cached_tokens, kv_source=kv_source)
     if out.logprobs is not None and out.num_new_tokens:
         message.logprobs.extend(logprob_to_proto(lp) for lp in out.logprobs[-out.num_new_tokens:])
+    if out.prompt_logprobs is not None:
+        message.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
     set_stop_reason(message, out.stop_reason)
     return message

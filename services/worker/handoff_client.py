@@ -20,6 +20,8 @@ async def stream_tokens(decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_
         if done.finish_reason:
             yield _finished_at_prefill(done, len(prompt))
             return
+        # The prompt was scored on the prefill worker; the decode worker need not score it again.
+        request.params.ClearField("prompt_logprobs")
         request.kv_handle.CopyFrom(done.kv_handle)
         request.first_token_id = done.first_token_id
         if done.HasField("first_logprob"):
@@ -27,6 +29,9 @@ async def stream_tokens(decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_
     call = decode.Generate(request, metadata=metadata)
     try:
         async for message in call:
+            if prefill is not None and done.prompt_logprobs:  # they travel on the stream's first message
+                message.prompt_logprobs.extend(done.prompt_logprobs)
+                del done.prompt_logprobs[:]
             yield message
     finally:
         call.cancel()  # a caller that stops reading (a client gone) aborts the request on the worker
@@ -38,6 +43,7 @@ def _finished_at_prefill(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb
                                   num_cached_tokens=done.num_cached_tokens, kv_source="local")
     if done.HasField("first_logprob"):
         message.logprobs.append(done.first_logprob)
+    message.prompt_logprobs.extend(done.prompt_logprobs)
     which = done.WhichOneof("stop_reason")
     if which is not None:
         setattr(message, which, getattr(done, which))

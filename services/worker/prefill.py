@@ -10,7 +10,7 @@ from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.outputs import RequestOutput
 from baton.services.engine.sampling_params import SamplingParams
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.convert import logprob_to_proto, set_stop_reason
+from baton.services.worker.convert import logprob_to_proto, prompt_logprobs_to_proto, set_stop_reason
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVTransport
 from baton.services.worker.leases import LeaseTable
@@ -56,6 +56,8 @@ class PrefillSide:
         response = pb.PrefillResponse(first_token_id=out.token_ids[0], num_cached_tokens=out.num_cached_tokens)
         if out.logprobs:
             response.first_logprob.CopyFrom(logprob_to_proto(out.logprobs[0]))
+        if out.prompt_logprobs is not None:
+            response.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
         # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the caller's own
         # max_tokens=1 is, and then nothing is handed off.
         if out.finish_reason != "length" or params.max_tokens == 1:

@@ -97,9 +97,7 @@ def test_batched_prompts_are_refused(prompt):
     (CHAT, {"structural_tag": "{}"}, "structural_tag"),
     (CHAT, {"echo": True}, "echo"),
     (COMPLETIONS, {"suffix": "end"}, "suffix"),
-    (COMPLETIONS, {"echo": True}, "echo"),
     (COMPLETIONS, {"best_of": 3}, "best_of"),
-    (COMPLETIONS, {"logit_bias": {"5": 10}}, "logit_bias"),
     (COMPLETIONS, {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
 ])
 def test_unsupported_fields_are_refused(url, extra, param):
@@ -244,3 +242,45 @@ def test_error_body_is_openai_shaped():
     error = ProtocolError("bad", param="n", code="invalid_value")
     assert error.body() == {"error": {"message": "bad", "type": "invalid_request_error", "param": "n",
                                       "code": "invalid_value"}}
+
+
+def test_scoring_fields_reach_sampling_params(tokenizer):
+    inp = convert(tokenizer, COMPLETIONS, {"prompt": [5, 6], "logit_bias": {"5": 10, "7": -100.0},
+                                           "prompt_logprobs": 2})
+    assert (inp.params.logit_bias, inp.params.prompt_logprobs) == ({5: 10.0, 7: -100.0}, 2)
+    echo = convert(tokenizer, COMPLETIONS, {"prompt": [5, 6], "echo": True, "logprobs": 3, "max_tokens": 0})
+    # max_tokens 0 runs one token (the prompt is scored on the way) and the answer drops it.
+    assert (echo.params.prompt_logprobs, echo.params.logprobs, echo.params.max_tokens) == (3, 3, 1)
+    assert convert(tokenizer, COMPLETIONS, {"prompt": [5, 6], "echo": True}).params.prompt_logprobs is None
+
+
+def test_echo_with_max_tokens_0_answers_the_prompt_alone(tokenizer):
+    request = parse_request(COMPLETIONS, {"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 0})
+    scored = [None, TokenLogprobs(6, -1.5, 2, {9: -0.5}), TokenLogprobs(7, -2.5, 1, {7: -2.5})]
+    out = RequestOutput("r", [5, 6, 7], [11], "x", 1, "x", True, "length", logprobs=[TokenLogprobs(11, -0.1, 1)],
+                        prompt_logprobs=scored)
+    choice = build_response(request, [out], tokenizer, "m")["choices"][0]
+    texts = [tokenizer.decode([t]) for t in (5, 6, 7)]
+    assert choice["text"] == tokenizer.decode([5, 6, 7]) and choice["finish_reason"] == "length"
+    assert choice["logprobs"] == {
+        "tokens": texts, "token_logprobs": [None, -1.5, -2.5],
+        "top_logprobs": [None, {tokenizer.decode([9]): -0.5, texts[1]: -1.5}, {texts[2]: -2.5}],
+        "text_offset": [0, len(texts[0]), len(texts[0]) + len(texts[1])]}
+
+
+@pytest.mark.parametrize("url,extra,param", [
+    (COMPLETIONS, {"logit_bias": {"5": 101}}, "logit_bias"),
+    (COMPLETIONS, {"logit_bias": {"x": 1}}, "logit_bias"),
+    (COMPLETIONS, {"logit_bias": {"-1": 1}}, "logit_bias"),
+    (COMPLETIONS, {"logit_bias": {"512": 1}}, "logit_bias"),
+    (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),
+    (CHAT, {"prompt_logprobs": -1}, "prompt_logprobs"),
+    (CHAT, {"prompt_logprobs": 21}, "prompt_logprobs"),
+    (CHAT, {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    (COMPLETIONS, {"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
+])
+def test_bad_scoring_fields_are_refused(tokenizer, url, extra, param):
+    base = {"messages": USER} if url == CHAT else {"prompt": "x"}
+    with pytest.raises(ProtocolError) as info:
+        to_engine_input(parse_request(url, {**base, **extra}), tokenizer, MAX_LEN, vocab_size=512)
+    assert (info.value.status, info.value.param) == (400, param)

@@ -31,6 +31,14 @@ def disaggregated(model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def handoff(model):
+    """Disaggregated, every prompt prefilled on the prefill worker and handed off (no local prefill)."""
+    stack = start_stack(model, "disaggregated", router_args=["--max-local-prefill-tokens=0"])
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
 def colocated(model):
     stack = start_stack(model, "colocated")
     yield stack

@@ -59,6 +59,15 @@ CASES = {
                            params=pb.SamplingParams(max_tokens=8, structured_output=pb.StructuredOutput(
                                kind="choice", value='["yes", "no"]'))),
         grpc.StatusCode.INVALID_ARGUMENT, "does not follow"),
+    "logit_bias id out of vocabulary": (
+        pb.GenerateRequest(meta=meta("b"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
+            max_tokens=4, logit_bias={10**6: 1.0})), grpc.StatusCode.INVALID_ARGUMENT, "logit_bias token ids"),
+    "logit_bias out of range": (
+        pb.GenerateRequest(meta=meta("r"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
+            max_tokens=4, logit_bias={3: 250.0})), grpc.StatusCode.INVALID_ARGUMENT, "logit_bias"),
+    "too many prompt logprobs": (
+        pb.GenerateRequest(meta=meta("k"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
+            max_tokens=4, prompt_logprobs=1000)), grpc.StatusCode.INVALID_ARGUMENT, "prompt_logprobs"),
     "unknown KV handle": (
         pb.GenerateRequest(meta=meta("h"), prompt_token_ids=[1, 2, 3], params=greedy_params(4),
                            kv_handle=pb.KVHandle(request_id="never-granted", transport="nixl",
