@@ -95,7 +95,7 @@ class Serving:
         slo = self.slo_for(priority)
         choice = ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
                                params_to_proto(inp.params.for_choice(state.index)), api.tenant.name, priority,
-                               salt, slo.ttft_ms if slo else None, metadata)
+                               salt, slo.ttft_ms if slo else None, slo.tpot_ms if slo else None, metadata)
         progress = ChoiceProgress()
         try:
             async for message in self.gateway.orchestrator.run(choice, progress):

@@ -47,7 +47,8 @@ def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
     return PlaceRequest(
         request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids), tenant=request.tenant,
         cache_salt=request.cache_salt or None, priority=request.priority, max_tokens=request.max_tokens,
-        ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None)
+        ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
+        tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None)
 
 
 def retry_after_ms(rejection: Rejection) -> int:
