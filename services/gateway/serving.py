@@ -101,9 +101,12 @@ class Serving:
             async for message in self.gateway.orchestrator.run(choice, progress):
                 events.put_nowait((state.index, message))
             events.put_nowait((state.index, _END))
-        except (Refused, grpc.aio.AioRpcError) as e:
-            log.warning("request %s: choice %d failed: %s", api.response_id, state.index,
-                        e.message if isinstance(e, Refused) else e.details())
+        except Refused as e:
+            # A refusal is an answer, counted by code (baton_gateway_rejections_total), not a failure to log.
+            log.debug("request %s: choice %d refused: %s", api.response_id, state.index, e.message)
+            events.put_nowait((state.index, e))
+        except grpc.aio.AioRpcError as e:
+            log.warning("request %s: choice %d failed: %s", api.response_id, state.index, e.details())
             events.put_nowait((state.index, e))
         finally:
             self._meter(api, state, progress, priority, slo)

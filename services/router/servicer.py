@@ -118,7 +118,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             if isinstance(outcome, Rejection):
                 span.set_attribute("baton.rejection_reason", outcome.reason.value)
                 code, message, trailers = rejection_status(outcome)
-                log.info("request %s: refused: %s", outcome.request_id, message)
+                # Refusals are counted by reason (baton_router_rejections_total); a log line apiece would add
+                # I/O to every refusal just when the router is busiest.
+                log.debug("request %s: refused: %s", outcome.request_id, message)
                 await context.abort(code, message, trailing_metadata=trailers)
             span.set_attribute("baton.decode_worker", outcome.decode_worker_id)
             return placement_to_proto(outcome)
