@@ -36,7 +36,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
                                           "on and off", description=__doc__)
     p.add_argument("--model", default=None, help="checkpoint folder [default: the embedded tiny model]")
     p.add_argument("--engine", choices=("sim", "model"), default="sim", help="workers' engine [sim]")
-    p.add_argument("--rate", type=float, default=2.5, help="requests per second at 1x [2.5]")
+    p.add_argument("--rate", type=float, default=2.0, help="requests per second at 1x [2.0]")
     p.add_argument("--loads", default="1,2,3", help="multiples of --rate to run [1,2,3]")
     p.add_argument("--admission", choices=("on", "off", "both"), default="both")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of sending per run [30]")
