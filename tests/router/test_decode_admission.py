@@ -83,3 +83,12 @@ def test_queued_request_refused_at_once_when_the_decode_pool_cannot_meet_its_tpo
     clock.advance(0.1)
     router.on_stats(decode_stats("d0", clock(), rows=100))  # room for prompts, but 111 ms a step
     assert [(o.request_id, o.reason) for o in outcomes] == [("r", RejectReason.TPOT_SLO)]
+
+
+def test_place_request_carries_the_tpot_slo_from_the_proto():
+    from baton.services.router.servicer import place_request_from_proto
+    from baton.v1 import router_pb2
+
+    message = router_pb2.PlaceRequest(request_id="r", prompt_token_ids=[1, 2, 3], ttft_slo_ms=2000, tpot_slo_ms=80)
+    assert place_request_from_proto(message).tpot_slo_s == pytest.approx(0.08)
+    assert place_request_from_proto(router_pb2.PlaceRequest(request_id="r", prompt_token_ids=[1])).tpot_slo_s is None
