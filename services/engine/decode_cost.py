@@ -41,7 +41,8 @@ class DecodeCostModel:
     def fit(self) -> DecodeCostFit | None:
         """The current fit (cached until the next sample); None before MIN_SAMPLES steps with decode rows."""
         if self._fit is None and len(self._samples) >= MIN_SAMPLES:
-            self._fit = _fit(np.asarray(self._samples, dtype=float))
+            # A snapshot: the stats call reads from the event loop while the engine thread appends.
+            self._fit = _fit(np.asarray(tuple(self._samples), dtype=float))
         return self._fit
 
 
