@@ -104,7 +104,8 @@ async def send_completion(client: httpx.AsyncClient, target: Target, prompt: lis
                 text = (await response.aread()).decode(errors="replace")[:300]
                 status = REFUSED if response.status_code in REFUSAL_STATUSES else FAILED
                 return RequestResult(sent - origin, status, prompt_tokens=prompt_tokens,
-                                     error=f"HTTP {response.status_code}: {text}")
+                                     error=f"HTTP {response.status_code}: {text}",
+                                     refusal_s=time.perf_counter() - sent if status == REFUSED else None)
             async for line in response.aiter_lines():
                 if line.startswith("data:"):
                     stream.feed(line[5:].strip(), time.perf_counter())

@@ -34,6 +34,7 @@ class RequestResult:
     prompt_tokens: int = 0
     cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
     error: str = ""
+    refusal_s: float | None = None  # refused: from sending the request to receiving the refusal
 
     @property
     def tpot_s(self) -> float | None:
@@ -133,6 +134,7 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO = SL
         "tpot_ms": _latency([t for r in ok if (t := r.tpot_s) is not None]),
         "itl_ms": _latency([g for r in ok for g in r.itls_s]),
         "e2e_ms": _latency([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "refusal_ms": _latency([r.refusal_s for r in results if r.refusal_s is not None]),
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
         "slo_attainment": attainment(results, slo),
         "goodput_rps": goodput_rps(results, slo, duration_s),

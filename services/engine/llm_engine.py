@@ -11,6 +11,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from baton.services.engine.block_manager import BlockManager
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.decode_cost import DecodeCostModel
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.models.loader import context_length, load_config
@@ -37,6 +38,7 @@ class EngineCounters:
     recent_step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     # (prompt tokens, seconds) of recent steps that computed prompt tokens, decode rows in them included.
     recent_prefill_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=32))
+    decode_cost: DecodeCostModel = field(default_factory=DecodeCostModel)
 
     def prefill_tokens_per_s(self) -> float | None:
         """How fast this engine has been getting through prompt tokens lately, under its real mix of work: what
@@ -252,6 +254,11 @@ class LLMEngine:
         seq.finish_reason = "abort"
         return self._finish(seq)
 
+    def decode_load(self) -> tuple[int, int]:
+        """(rows, context tokens) of the running requests past their prompt: the batch a new one would join."""
+        rows = [s for s in self.scheduler.running if s.num_computed_tokens >= s.num_prompt_tokens]
+        return len(rows), sum(s.num_computed_tokens for s in rows)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -274,6 +281,8 @@ class LLMEngine:
         self.counters.recent_step_seconds.append(seconds)
         if prompt_tokens:
             self.counters.recent_prefill_steps.append((prompt_tokens, seconds))
+        decode = [s for s in scheduled if _prompt_tokens_in(s) == 0]
+        self.counters.decode_cost.record(len(decode), sum(s.seq.num_computed_tokens for s in decode), seconds)
         return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
 
     def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:

@@ -37,6 +37,7 @@ class ChoiceRequest:
     priority: int
     cache_salt: str
     ttft_slo_ms: float | None
+    tpot_slo_ms: float | None
     metadata: Sequence[tuple[str, str]] = ()  # trace context for the router and workers
 
 
@@ -76,6 +77,8 @@ class Orchestrator:
             cache_salt=choice.cache_salt, priority=choice.priority, max_tokens=choice.params.max_tokens)
         if choice.ttft_slo_ms is not None:
             request.ttft_slo_ms = int(choice.ttft_slo_ms)
+        if choice.tpot_slo_ms is not None:
+            request.tpot_slo_ms = int(choice.tpot_slo_ms)
         try:
             return await self.router.Place(request, metadata=choice.metadata)
         except grpc.aio.AioRpcError as e:

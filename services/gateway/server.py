@@ -45,12 +45,21 @@ def build_gateway(config: GatewayConfig) -> Gateway:
                    tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The bound socket uvicorn serves on. Its proto must say TCP: asyncio sets TCP_NODELAY only on accepted
+    sockets whose proto is IPPROTO_TCP, and with Nagle on, a response written in two parts (headers, then body)
+    waits for the client's delayed ACK: 40 ms added to every refusal and every streamed chunk."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
 async def serve(config: GatewayConfig) -> int:
     setup_tracing("baton-gateway")
     gateway = build_gateway(config)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
+    sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -95,15 +95,18 @@ class Serving:
         slo = self.slo_for(priority)
         choice = ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
                                params_to_proto(inp.params.for_choice(state.index)), api.tenant.name, priority,
-                               salt, slo.ttft_ms if slo else None, metadata)
+                               salt, slo.ttft_ms if slo else None, slo.tpot_ms if slo else None, metadata)
         progress = ChoiceProgress()
         try:
             async for message in self.gateway.orchestrator.run(choice, progress):
                 events.put_nowait((state.index, message))
             events.put_nowait((state.index, _END))
-        except (Refused, grpc.aio.AioRpcError) as e:
-            log.warning("request %s: choice %d failed: %s", api.response_id, state.index,
-                        e.message if isinstance(e, Refused) else e.details())
+        except Refused as e:
+            # A refusal is an answer, counted by code (baton_gateway_rejections_total), not a failure to log.
+            log.debug("request %s: choice %d refused: %s", api.response_id, state.index, e.message)
+            events.put_nowait((state.index, e))
+        except grpc.aio.AioRpcError as e:
+            log.warning("request %s: choice %d failed: %s", api.response_id, state.index, e.details())
             events.put_nowait((state.index, e))
         finally:
             self._meter(api, state, progress, priority, slo)

@@ -32,7 +32,8 @@ class RouterConfig(BatonSettings, PluginSettings):
     """Every PluginSettings field is also a flag here: its value is the default a plugin file overrides."""
     model: str = Field("baton-tiny", description="Served model name; part of every prefix-cache hash, as on workers")
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV block; must match the workers'")
-    seed: int = Field(0, description="Seed of the RNG that breaks score ties")
+    seed: int | None = Field(
+        None, description="Seed of the RNG that breaks score ties; unset: drawn per process, so replicas differ")
     tie_tolerance: float = Field(
         0.02, ge=0, le=1, description="Scores this close to the best are ties, drawn at random")
     plugin_config_file: Path | None = Field(
@@ -68,6 +69,14 @@ class RouterConfig(BatonSettings, PluginSettings):
     ttft_slo_headroom: float = Field(
         0.8, gt=0, le=1, description="Admit only requests predicted to get their first token within this share of "
                                      "their TTFT SLO (the rest is the prediction's margin of error)")
+    default_tpot_slo_s: float | None = Field(
+        None, gt=0, description="TPOT SLO for requests that bring none; unset means no SLO")
+    tpot_slo_headroom: float = Field(
+        0.8, gt=0, le=1, description="Admit only requests whose predicted TPOT on a decode worker is within this "
+                                     "share of their TPOT SLO")
+    reservation_grace_s: float = Field(
+        0.5, ge=0, description="A placement keeps counting on its worker until a stats report taken this long after "
+                               "it (the request needs that long to reach the worker and show in its stats)")
     retry_after_min_s: float = Field(0.1, ge=0, description="Smallest retry-after hint given with a refusal")
     retry_after_max_s: float = Field(30.0, gt=0, description="Largest retry-after hint given with a refusal")
     approx_index_ttl_s: float = Field(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 class RejectReason(str, enum.Enum):
     TTFT_SLO = "ttft_slo"  # predicted time to first token misses the request's SLO
+    TPOT_SLO = "tpot_slo"  # every decode worker's predicted time per output token misses the request's SLO
     QUEUE_FULL = "queue_full"  # the admission queue holds nothing it could displace
     PREEMPTED = "preempted"  # displaced from a full queue by a higher-priority request
     QUEUE_TIMEOUT = "queue_timeout"  # waited longer than the queue's age bound

@@ -111,8 +111,11 @@ class Replay:
         if policy == "load":
             router_config = router_config.model_copy(update=dict(prefix_overlap_weight=0.0,
                                                                  sticky_queued_prefill_tokens=0))
-        router_config = router_config.model_copy(update=dict(model=self.workers[0].engine.model_id,
-                                                             block_size=engine_config.block_size))
+        # A placement reaches a simulated worker at once, so its next report includes it (no grace); a fixed seed
+        # keeps the replay's ties, and so its results, the same run to run.
+        router_config = router_config.model_copy(update=dict(
+            model=self.workers[0].engine.model_id, block_size=engine_config.block_size, reservation_grace_s=0.0,
+            seed=0 if router_config.seed is None else router_config.seed))
         self.router = Router(router_config, clock=self.clock, on_queued_outcome=self._on_outcome)
         for w in self.workers:
             self.router.register_worker(w.worker_id, w.worker_id, Role.MIXED, lease_ttl_s=math.inf)

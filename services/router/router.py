@@ -32,6 +32,7 @@ from baton.services.router.plugins.scorers import (InFlightRequestsScorer, KVUti
                                                    PrefixOverlapScorer, QueuedPrefillTokensScorer)
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
+from baton.services.router.tpot_predictor import decode_join_wait_s, predict_tpot_s
 from baton.services.router.ttft_predictor import TTFTPredictor
 from baton.services.router.worker_state import CircuitBreaker, LoadReport, Role, SaturationLimits, WorkerState
 
@@ -45,6 +46,7 @@ class PlaceRequest:
     priority: int = 0
     max_tokens: int = 0
     ttft_slo_s: float | None = None  # also the deadline for leaving the queue; None: the configured default
+    tpot_slo_s: float | None = None  # None: the configured default
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class _Pending:
     request: PlaceRequest
     hashes: list[int]
     slo_s: float | None
+    tpot_slo_s: float | None = None
 
 
 @dataclass
@@ -228,7 +231,7 @@ class Router:
             worker = self._workers.get(stats.worker_id)
             if worker is None:
                 return False
-            worker.on_stats(LoadReport.from_stats(stats))
+            worker.on_stats(LoadReport.from_stats(stats), self.config.reservation_grace_s)
             self.predictor.measured(stats.worker_id, stats.prefill_tokens_per_s)
             self._dispatch(self._clock())
             return True
@@ -275,6 +278,8 @@ class Router:
             raise ValueError("max_tokens must be non-negative")
         if req.ttft_slo_s is not None and req.ttft_slo_s <= 0:
             raise ValueError("ttft_slo_s must be positive")
+        if req.tpot_slo_s is not None and req.tpot_slo_s <= 0:
+            raise ValueError("tpot_slo_s must be positive")
 
     def place(self, req: PlaceRequest) -> Placement | Rejection | Queued:
         """Places now, queues until a worker has room (the outcome then goes to on_queued_outcome), or refuses.
@@ -284,7 +289,8 @@ class Router:
         # Hashing is the costliest step and needs no shared state, so it runs outside the lock.
         hashes = block_hashes(req.prompt_token_ids, self.config.block_size, self.config.model, req.cache_salt)
         slo_s = req.ttft_slo_s if req.ttft_slo_s is not None else self.config.default_ttft_slo_s
-        pending = _Pending(req, hashes, slo_s)
+        tpot_slo_s = req.tpot_slo_s if req.tpot_slo_s is not None else self.config.default_tpot_slo_s
+        pending = _Pending(req, hashes, slo_s, tpot_slo_s)
         with self._lock:
             now = self._clock()
             self._dispatch(now)
@@ -295,6 +301,8 @@ class Router:
     def _place_new(self, pending: _Pending, now: float) -> Placement | Rejection | Queued:
         req, queue = pending.request, self.admission.queue
         plan = self._plan(pending, now)
+        if isinstance(plan, Rejection):
+            return plan
         if plan is None:
             return self._reject(req.request_id, RejectReason.NO_WORKERS, "no worker can take the request")
         if len(queue) == 0 and not plan.saturated:
@@ -307,7 +315,9 @@ class Router:
         refusal = self.admission.check_slo(req.request_id, predicted, pending.slo_s)
         if refusal is not None:
             return refusal
-        deadline = now + pending.slo_s if pending.slo_s is not None else float("inf")
+        # The deadline by which it must leave the queue keeps the admission headroom: leaving at now + SLO with a
+        # prediction that always errs some would land it late as often as not.
+        deadline = now + pending.slo_s * self.admission.slo_headroom if pending.slo_s is not None else float("inf")
         cost = len(req.prompt_token_ids) + req.max_tokens
         item = queue.make(req.request_id, req.tenant, req.priority, cost, now, deadline, pending)
         accepted, displaced = queue.push(item)
@@ -330,11 +340,34 @@ class Router:
         rate = self.predictor.pool_tokens_per_s(self._workers)
         return self.admission.queue.tokens_ahead(priority) / rate if rate > 0 else 0.0
 
-    def _plan(self, pending: _Pending, now: float) -> _Plan | None:
+    def _decode_fit(self, pending: _Pending) -> tuple[list[WorkerState], dict[str, float], Rejection | None]:
+        """The workers a plan may use: decode workers whose predicted TPOT with this request misses its TPOT SLO
+        are left out, and when that leaves none (while some had a prediction) the request is refused now, since
+        waiting would not shrink the batches it would join any sooner than the queue's deadline. Also the
+        predicted TPOT of every decode worker that has one."""
+        req, slo = pending.request, pending.tpot_slo_s
+        tpot: dict[str, float] = {}
+        for w in self._workers.values():
+            if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids), req.max_tokens)):
+                tpot[w.worker_id] = t
+        limit = slo * self.config.tpot_slo_headroom if slo is not None else math.inf
+        workers = [w for w in self._workers.values() if tpot.get(w.worker_id, 0.0) <= limit]
+        if tpot and not any(w.role is not Role.PREFILL for w in workers):
+            best = min(tpot.values())
+            refusal = self._reject(req.request_id, RejectReason.TPOT_SLO,
+                                   f"predicted time per output token {best * 1e3:.1f}ms on the least loaded decode "
+                                   f"worker exceeds the SLO of {slo * 1e3:.1f}ms less "
+                                   f"{1 - self.config.tpot_slo_headroom:.0%} headroom", best * req.max_tokens)
+            return workers, tpot, refusal
+        return workers, tpot, None
+
+    def _plan(self, pending: _Pending, now: float) -> _Plan | Rejection | None:
         req = pending.request
         sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids), self.config.block_size, now,
                                  self.index.match_lengths(pending.hashes), req.tenant, req.priority)
-        workers = list(self._workers.values())
+        workers, tpot, refusal = self._decode_fit(pending)
+        if refusal is not None:
+            return refusal
         decode_pick = self._decode_picker.pick(sreq, workers)
         if decode_pick is None:
             return None
@@ -352,6 +385,7 @@ class Router:
         computing = prefill if prefill is not None else decode
         predicted = self.predictor.predict(computing.worker_id, computing.queued_prefill_tokens(),
                                            sreq.uncached_tokens(computing.worker_id))
+        predicted += decode_join_wait_s(decode, tpot.get(decode.worker_id))
         saturated = decode_pick.reason == "all_saturated" or (
             prefill is not None and prefill_pick is not None and prefill_pick.reason == "all_saturated")
         return _Plan(sreq, decode, prefill, decision.reason, predicted, decode_pick.reason, saturated)
@@ -366,7 +400,7 @@ class Router:
         # output, full cache hits would look free and a hot prefix would pile onto one worker.
         decode_tokens = uncached if plan.prefill is None else 0
         decode_blocks = math.ceil((sreq.uncached_tokens(plan.decode.worker_id) + req.max_tokens) / bs)
-        plan.decode.reserve(lease_id, now, decode_tokens, decode_blocks)
+        plan.decode.reserve(lease_id, now, decode_tokens, decode_blocks, sreq.prompt_tokens + req.max_tokens // 2)
         plan.decode.breaker.on_placed(now)
         self.index.record_placement(plan.decode.worker_id, pending.hashes)
         if plan.prefill is not None:
@@ -394,6 +428,10 @@ class Router:
                                                  "in the admission queue", self._queue_wait_s(item.priority)))
         while (item := queue.peek()) is not None:
             plan = self._plan(item.payload, now)
+            if isinstance(plan, Rejection):
+                queue.remove(item)
+                self._on_queued_outcome(plan)
+                continue
             if plan is None or plan.saturated:
                 return
             queue.remove(item)

@@ -47,7 +47,8 @@ def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
     return PlaceRequest(
         request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids), tenant=request.tenant,
         cache_salt=request.cache_salt or None, priority=request.priority, max_tokens=request.max_tokens,
-        ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None)
+        ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
+        tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None)
 
 
 def retry_after_ms(rejection: Rejection) -> int:
@@ -117,7 +118,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             if isinstance(outcome, Rejection):
                 span.set_attribute("baton.rejection_reason", outcome.reason.value)
                 code, message, trailers = rejection_status(outcome)
-                log.info("request %s: refused: %s", outcome.request_id, message)
+                # Refusals are counted by reason (baton_router_rejections_total); a log line apiece would add
+                # I/O to every refusal just when the router is busiest.
+                log.debug("request %s: refused: %s", outcome.request_id, message)
                 await context.abort(code, message, trailing_metadata=trailers)
             span.set_attribute("baton.decode_worker", outcome.decode_worker_id)
             return placement_to_proto(outcome)

@@ -12,6 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.services.engine.decode_cost import DecodeCostFit
+
 
 class Role(enum.IntEnum):
     """Numbered as baton.v1.Role so proto values convert with Role(value)."""
@@ -76,14 +78,22 @@ class LoadReport:
     kv_blocks_total: int = 0
     prefill_tokens_queued: int = 0
     draining: bool = False
+    decode_cost: DecodeCostFit | None = None  # the worker's fit of its decode step time; None before one
+    decode_rows: int = 0
+    decode_context_tokens: int = 0
 
     @classmethod
     def from_stats(cls, stats: Any) -> "LoadReport":
         """From a baton.v1.WorkerStats (or anything with its field names)."""
+        samples = getattr(stats, "decode_step_samples", 0)
+        cost = None if not samples else DecodeCostFit(
+            stats.decode_step_ms_base / 1e3, stats.decode_step_ms_per_sequence / 1e3,
+            stats.decode_step_ms_per_ktoken / 1e6, samples)
         return cls(timestamp_s=stats.timestamp_unix_ms / 1000.0, num_running=stats.num_running,
                    num_waiting=stats.num_waiting, kv_blocks_used=stats.kv_blocks_used,
                    kv_blocks_total=stats.kv_blocks_total, prefill_tokens_queued=stats.prefill_tokens_queued,
-                   draining=stats.draining)
+                   draining=stats.draining, decode_cost=cost, decode_rows=getattr(stats, "decode_rows", 0),
+                   decode_context_tokens=getattr(stats, "decode_context_tokens", 0))
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class _Reservation:
     placed_at: float
     prefill_tokens: int
     kv_blocks: int
+    context_tokens: int = 0  # what the request adds to the worker's decode batch (0: it decodes elsewhere)
 
 
 @dataclass
@@ -117,15 +128,19 @@ class WorkerState:
     _unseen: "OrderedDict[str, _Reservation]" = field(default_factory=OrderedDict)
     _unseen_tokens: int = 0
     _unseen_blocks: int = 0
+    _unseen_rows: int = 0
+    _unseen_context: int = 0
 
-    def on_stats(self, report: LoadReport) -> None:
+    def on_stats(self, report: LoadReport, grace_s: float = 0.0) -> None:
+        """A new report; reservations placed at least grace_s before it was taken stop counting, since by then
+        the request has reached the worker (the gateway's call to it takes time after the placement)."""
         # Out-of-order stats (two streams, a retry) must not roll the view back.
         if self.report is not None and report.timestamp_s < self.report.timestamp_s:
             return
         self.report = report
         while self._unseen:
             lease_id, res = next(iter(self._unseen.items()))
-            if res.placed_at >= report.timestamp_s:  # placed the same instant: the report may not include it
+            if res.placed_at + grace_s >= report.timestamp_s:  # the report may not include it yet
                 break
             self._forget_unseen(lease_id)
 
@@ -143,12 +158,15 @@ class WorkerState:
     def is_draining(self) -> bool:
         return self.draining or (self.report is not None and self.report.draining)
 
-    def reserve(self, lease_id: str, now: float, prefill_tokens: int, kv_blocks: int) -> None:
-        res = _Reservation(now, prefill_tokens, kv_blocks)
+    def reserve(self, lease_id: str, now: float, prefill_tokens: int, kv_blocks: int,
+                context_tokens: int = 0) -> None:
+        res = _Reservation(now, prefill_tokens, kv_blocks, context_tokens)
         self._reservations[lease_id] = res
         self._unseen[lease_id] = res
         self._unseen_tokens += prefill_tokens
         self._unseen_blocks += kv_blocks
+        self._unseen_rows += context_tokens > 0
+        self._unseen_context += context_tokens
 
     def unreserve(self, lease_id: str) -> None:
         if self._reservations.pop(lease_id, None) is not None:
@@ -159,6 +177,14 @@ class WorkerState:
         if res is not None:
             self._unseen_tokens -= res.prefill_tokens
             self._unseen_blocks -= res.kv_blocks
+            self._unseen_rows -= res.context_tokens > 0
+            self._unseen_context -= res.context_tokens
+
+    def decode_batch(self) -> tuple[int, int]:
+        """(rows, context tokens) of the decode batch: the reported one plus this router's unseen placements."""
+        rows = self.report.decode_rows if self.report is not None else 0
+        tokens = self.report.decode_context_tokens if self.report is not None else 0
+        return rows + self._unseen_rows, tokens + self._unseen_context
 
     @property
     def outstanding_requests(self) -> int:

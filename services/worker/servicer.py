@@ -157,7 +157,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.WorkerStats:
         e = self.engine
+        fit = e.counters.decode_cost.fit()
+        rows, context_tokens = e.decode_load()
+        decode = {} if fit is None else dict(
+            decode_step_ms_base=fit.base_s * 1e3, decode_step_ms_per_sequence=fit.per_sequence_s * 1e3,
+            decode_step_ms_per_ktoken=fit.per_token_s * 1e6, decode_step_samples=fit.samples)
         return pb.WorkerStats(
+            decode_rows=rows, decode_context_tokens=context_tokens, **decode,
             worker_id=self.worker_id, role=ROLES[self.config.role], timestamp_unix_ms=int(time.time() * 1000),
             num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
             kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks, kv_blocks_total=e.blocks.num_blocks,
