@@ -269,12 +269,19 @@ class LLMEngine:
     def _output(self, seq: Sequence, num_new: int, final: bool) -> RequestOutput:
         detok = self.detokenizers[seq.request_id]
         new_text = detok.release(final)
+        # The histories stay where they grow (token and logprob lists only append; text past `released` is the
+        # only text ever cut): each output keeps a length, not a copy.
+        tokens, start, end, released, lps = seq.token_ids, seq.num_prompt_tokens, seq.num_tokens, detok.released, \
+            seq.logprobs
+        num_lps = 0 if lps is None else len(lps)
+        snapshot = RequestOutput.snapshot
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, token_ids=seq.output_token_ids,
-            text=detok.text[:detok.released], num_new_tokens=num_new, new_text=new_text, finished=final,
-            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-            num_cached_tokens=seq.num_cached_tokens)
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
+            token_ids=snapshot(lambda: tokens[start:end]), text=snapshot(lambda: detok.text[:released]),
+            num_new_tokens=num_new, new_text=new_text, finished=final, finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason, logprobs=None if lps is None else snapshot(lambda: lps[:num_lps]),
+            num_cached_tokens=seq.num_cached_tokens, new_token_ids=tokens[end - num_new:end],
+            new_logprobs=None if lps is None else lps[max(0, num_lps - num_new):num_lps])
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Offline convenience: runs prompts to completion and returns their final outputs in order."""
