@@ -24,6 +24,7 @@ from baton.services.common.settings import add_settings_arguments, settings_from
 from baton.services.engine.bench_throughput import (EngineShape, format_table, kv_blocks_for, machine_info, report,
                                                     run_baton, run_hf, special_token_ids, warmup_workload)
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.models.loader import load_config
 from baton.services.engine.tiny_model import embedded_model_path
@@ -105,13 +106,18 @@ def _describe(args: argparse.Namespace, stats: dict[str, int | float]) -> str:
             f"output {stats['output_len_min']}-{stats['output_len_max']} (mean {stats['output_len_mean']}) tokens")
 
 
-def _engine_config(args: argparse.Namespace, requests: list[Request]) -> EngineConfig:
+def _engine(args: argparse.Namespace, requests: list[Request]) -> LLMEngine:
+    """Without an explicit KV size, the cache is sized to the work (transformers plans for attention over its
+    whole cache, and both systems then get the same capacity), but never past what memory allows."""
     config = settings_from_args(EngineConfig, args)
-    if config.num_kv_blocks is None and config.kv_cache_memory_gib is None:
-        # Sized to the work rather than to memory: transformers plans for attention over its whole cache, and
-        # both systems then get the same capacity.
-        config = config.model_copy(update={"num_kv_blocks": kv_blocks_for(requests, config.block_size)})
-    return config
+    if config.num_kv_blocks is not None or config.kv_cache_memory_gib is not None:
+        return LLMEngine(config)
+    wanted = kv_blocks_for(requests, config.block_size)
+    engine = LLMEngine(config, kv_blocks_wanted=wanted)
+    if engine.runner.num_blocks < wanted:
+        print(f"KV cache capped at the memory budget: {engine.runner.num_blocks} of the {wanted} blocks the "
+              f"workload would hold at once; requests queue for room", flush=True)
+    return engine
 
 
 def run_throughput(args: argparse.Namespace) -> int:
@@ -129,7 +135,11 @@ def run_throughput(args: argparse.Namespace) -> int:
     warmup = warmup_workload(model_config.vocab_size, args.seed, avoid)
     stats = summarize(requests)
     print(_describe(args, stats), flush=True)
-    engine = LLMEngine(_engine_config(args, requests + warmup))
+    try:
+        engine = _engine(args, requests + warmup)
+    except KVCacheTooLarge as e:
+        print(f"baton bench throughput: error: {e}", file=sys.stderr)
+        return 2
     shape = EngineShape.of(engine)
     results = [run_baton(engine, requests, warmup)]
     if args.compare == "hf":

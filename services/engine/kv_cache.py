@@ -72,8 +72,11 @@ def memory_budget(engine: EngineConfig, config: PretrainedConfig, dtype: torch.d
 
 
 def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
-               max_model_len: int | None = None) -> int:
-    """Blocks to allocate; raises KVCacheTooLarge when an explicit size cannot fit."""
+               max_model_len: int | None = None, wanted: int | None = None) -> int:
+    """Blocks to allocate; raises KVCacheTooLarge when an explicit size cannot fit.
+
+    wanted: without an explicit size, this many blocks (a benchmark sized to its work), capped at what memory
+    allows, with a warning when capped."""
     per_block = block_bytes(config, engine.block_size, dtype)
     budget = memory_budget(engine, config, dtype, device)
     if engine.num_kv_blocks is not None:
@@ -81,6 +84,11 @@ def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtyp
     elif engine.kv_cache_memory_gib is not None:
         asked = f"kv_cache_memory_gib={engine.kv_cache_memory_gib:g}"
         blocks = int(engine.kv_cache_memory_gib * GIB) // per_block
+    elif wanted is not None:
+        blocks, asked = min(wanted, budget.available // per_block), ""
+        if blocks < wanted:
+            log.warning("KV cache capped at %d blocks (%s) of the %d wanted (%s): %s", blocks,
+                        _gib(blocks * per_block), wanted, _gib(wanted * per_block), budget.where)
     else:
         blocks, asked = budget.default // per_block, ""
     if asked and blocks * per_block > budget.available:

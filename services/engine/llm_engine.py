@@ -70,7 +70,8 @@ def _prompt_tokens_in(item: ScheduledSeq) -> int:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None) -> None:
+        """kv_blocks_wanted: without an explicit KV size, this many blocks as far as memory allows (benchmarks)."""
         if config.model is None:
             from baton.services.engine.tiny_model import embedded_model_path
             config = config.model_copy(update={"model": str(embedded_model_path())})
@@ -85,10 +86,12 @@ class LLMEngine:
         self.max_model_len = context_length(self.model_config, config.max_model_len)
         self.device, self.dtype = _resolve(config, getattr(self.model_config, "dtype", None))
         if config.engine == "sim":
+            if kv_blocks_wanted is not None and config.num_kv_blocks is None:
+                config = config.model_copy(update={"num_kv_blocks": kv_blocks_wanted})
             self.runner: ModelRunner | SimulatedRunner = SimulatedRunner(config, self.model_config, self.eos_ids)
         else:
             self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype, self.device,
-                                      self.max_model_len)
+                                      self.max_model_len, kv_blocks_wanted)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
                                    config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,

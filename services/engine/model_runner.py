@@ -29,7 +29,7 @@ def _block_table(tables: list[list[int]]) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, engine: EngineConfig, config: PretrainedConfig, model_dir: Path, dtype: torch.dtype,
-                 device: torch.device, max_model_len: int) -> None:
+                 device: torch.device, max_model_len: int, kv_blocks_wanted: int | None = None) -> None:
         self.device = device
         self.block_size = engine.block_size
         backend = engine.attention_backend
@@ -38,7 +38,7 @@ class ModelRunner:
         # Weights first, so that the cache budget on a GPU is what they leave.
         self.attention = Attention(head_dim(config) ** -0.5, backend, engine.block_size)
         self.model = load_model(model_dir, config, self.attention, dtype, device, max_model_len)
-        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len)
+        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len, kv_blocks_wanted)
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size, dtype, device)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype) // config.num_hidden_layers
         self.graphs: DecodeGraphs | None = None
