@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import Request, random_workload, shared_prefix_workload, summarize, trace_workload
-from baton.services.cli import bench_isolation
+from baton.services.cli import bench_decode_step, bench_isolation
 from baton.services.cli.bench_gateway import register as register_gateway
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
 from baton.services.cli.bench_router import register as register_router
@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_router(kinds)
     register_gateway(kinds)
     bench_isolation.register(kinds)
+    bench_decode_step.register(kinds)
 
 
 def register_throughput(kinds: argparse._SubParsersAction) -> None:
