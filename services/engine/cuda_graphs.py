@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -102,6 +103,21 @@ class DecodeInputs:
             decode_context_lens=self.context_lens[:bucket])
 
 
+class Replayable(Protocol):
+    def replay(self) -> torch.Tensor:
+        """Runs the step on the current contents of the input buffers; returns the hidden states [bucket, H]."""
+
+
+@dataclass
+class CapturedStep:
+    graph: torch.cuda.CUDAGraph
+    hidden: torch.Tensor  # the graph's output buffer, overwritten by every replay
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.hidden
+
+
 class DecodeGraphs:
     """One captured forward pass per bucket, sharing one memory pool (captured largest first, as it must be)."""
 
@@ -110,7 +126,8 @@ class DecodeGraphs:
         self.device = device
         self.inputs = DecodeInputs(max_batch, max_blocks_per_seq, device)
         self.buckets: list[int] = []
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.steps: dict[int, Replayable] = {}
+        self.replays = 0
         self._wanted = bucket_sizes(max_batch)
 
     def capture(self, time_limit_s: float = CAPTURE_TIME_LIMIT_S) -> None:
@@ -120,16 +137,15 @@ class DecodeGraphs:
         for bucket in reversed(self._wanted):
             if time.perf_counter() - started > time_limit_s:
                 log.warning("CUDA graph capture stopped after %.1f s (limit %.0f s): batches below %d rows replay "
-                            "padded to that size", time.perf_counter() - started, time_limit_s, min(self._graphs))
+                            "padded to that size", time.perf_counter() - started, time_limit_s, min(self.steps))
                 break
-            self._graphs[bucket] = self._capture_one(bucket, pool)
-        self.buckets = sorted(self._graphs)
+            self.add(bucket, self._capture_one(bucket, pool))
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
         log.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s, %.0f MiB", len(self.buckets),
                  ",".join(map(str, self.buckets)), time.perf_counter() - started, used / (1 << 20))
 
     @torch.inference_mode()
-    def _capture_one(self, bucket: int, pool: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_one(self, bucket: int, pool: tuple[int, int]) -> CapturedStep:
         self.inputs.fill(DecodeBatch([], [], [], [], []), bucket)
         ids, positions = self.inputs.input_ids[:bucket], self.inputs.positions[:bucket]
         meta = self.inputs.metadata(bucket)
@@ -139,7 +155,11 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             hidden = self.forward(ids, positions, meta)
-        return graph, hidden
+        return CapturedStep(graph, hidden)
+
+    def add(self, bucket: int, step: Replayable) -> None:
+        self.steps[bucket] = step
+        self.buckets = sorted(self.steps)
 
     def can_run(self, batch: int) -> bool:
         return pick_bucket(self.buckets, batch) is not None
@@ -148,6 +168,5 @@ class DecodeGraphs:
         """Replays the smallest bucket that fits; returns the hidden states of the real rows."""
         bucket = pick_bucket(self.buckets, len(batch.token_ids))
         self.inputs.fill(batch, bucket)
-        graph, hidden = self._graphs[bucket]
-        graph.replay()
-        return hidden[:len(batch.token_ids)]
+        self.replays += 1
+        return self.steps[bucket].replay()[:len(batch.token_ids)]
