@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_rows(rows))
     if args.output_json is not None:
         doc = {"command": shlex.join(sys.argv), "machine": machine, "device": str(engine.device),
-               "dtype": str(engine.dtype), "graphs": engine.runner.graphs is not None, "bandwidth_gbps": bandwidth, "weight_bytes_per_step": weights,
+               "dtype": str(engine.dtype), "graphs": engine.runner.graphs is not None, "bandwidth_gbps": bandwidth,
+               "weight_bytes_per_step": weights,
                "kv_bytes_per_token": kv_bytes_per_token(engine), "num_kv_blocks": engine.blocks.num_blocks,
                "rows": [row_dict(r) for r in rows]}
         args.output_json.write_text(json.dumps(doc, indent=2) + "\n")

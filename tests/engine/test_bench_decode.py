@@ -27,7 +27,8 @@ def test_decode_step_rows_and_floor(tiny_model_dirs, tmp_path, capsys):
     weights = weight_bytes_per_step(engine.runner.model)
     assert doc["weight_bytes_per_step"] == weights
     config = engine.model_config
-    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
     assert doc["kv_bytes_per_token"] == kv
     for row in doc["rows"]:
         floor_ms = (weights + row["batch"] * row["context"] * kv) / 100e9 * 1e3
