@@ -20,8 +20,9 @@ for eager in (True, False):
     engine = LLMEngine(EngineConfig(model=model, enforce_eager=eager, max_num_seqs=64, cuda_graph_max_batch_size=48,
                                     enable_prefix_caching=False))
     results[eager] = [o.token_ids for o in engine.generate(prompts, params)]
-    replays = 0 if engine.runner.graphs is None else engine.runner.graphs.replays
-    print(f"enforce_eager={eager}: graph replays {replays}", flush=True)
+    graphs = engine.runner.graphs
+    print(f"enforce_eager={eager}: graphs captured {graphs.captured}, bucketed decode steps {graphs.replays}",
+          flush=True)
     del engine
     gc.collect()
     torch.cuda.empty_cache()

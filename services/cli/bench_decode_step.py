@@ -48,6 +48,10 @@ def _config(args: argparse.Namespace, batches: list[int]) -> EngineConfig:
         "max_num_batched_tokens": max(config.max_num_batched_tokens, max(batches))})
 
 
+def _captured(engine: LLMEngine) -> bool:
+    return engine.runner.graphs is not None and engine.runner.graphs.captured
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         batches = [int(b) for b in args.batch_sizes.split(",")]
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     bandwidth = args.bandwidth_gbps or default_bandwidth_gbps(engine.device)
     weights = weight_bytes_per_step(engine.runner.model)
     print(f"device {engine.device} ({machine['cuda'] or machine['processor'] or 'cpu'}), dtype {engine.dtype}, "
-          f"graphs {'on' if engine.runner.graphs is not None else 'off'}, "
+          f"graphs {'on' if _captured(engine) else 'off'}, "
           f"weights read per step {weights / 1e6:.1f} MB, KV {kv_bytes_per_token(engine)} B/token, bandwidth "
           f"{'n/a' if bandwidth is None else f'{bandwidth:g} GB/s'}", flush=True)
     rows = []
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_rows(rows))
     if args.output_json is not None:
         doc = {"command": shlex.join(sys.argv), "machine": machine, "device": str(engine.device),
-               "dtype": str(engine.dtype), "graphs": engine.runner.graphs is not None, "bandwidth_gbps": bandwidth,
+               "dtype": str(engine.dtype), "graphs": _captured(engine), "bandwidth_gbps": bandwidth,
                "weight_bytes_per_step": weights,
                "kv_bytes_per_token": kv_bytes_per_token(engine), "num_kv_blocks": engine.blocks.num_blocks,
                "rows": [row_dict(r) for r in rows]}

@@ -6,6 +6,10 @@ The graphs read persistent input buffers (token ids, positions, slot mapping, bl
 which each step fills in place; rows past the real batch are padding that writes nothing (slot -1) and attends
 to nothing (context 0). Block tables are as wide as the longest sequence allows, so no shape changes between
 steps. Steps with prefill tokens run eagerly.
+
+With enforce_eager, pure-decode steps still go through the same buffers and buckets, only without the graph:
+matrix products then have the same shapes in both modes, so greedy outputs are identical token for token (a
+GEMM's rounding may depend on its row count).
 """
 from __future__ import annotations
 
@@ -118,6 +122,18 @@ class CapturedStep:
         return self.hidden
 
 
+class EagerStep:
+    """A bucket run without a graph: the same forward, on the same buffers, launched kernel by kernel."""
+
+    def __init__(self, graphs: DecodeGraphs, bucket: int) -> None:
+        self.graphs, self.bucket = graphs, bucket
+
+    def replay(self) -> torch.Tensor:
+        inputs = self.graphs.inputs
+        return self.graphs.forward(inputs.input_ids[:self.bucket], inputs.positions[:self.bucket],
+                                   inputs.metadata(self.bucket))
+
+
 class DecodeGraphs:
     """One captured forward pass per bucket, sharing one memory pool (captured largest first, as it must be)."""
 
@@ -128,7 +144,15 @@ class DecodeGraphs:
         self.buckets: list[int] = []
         self.steps: dict[int, Replayable] = {}
         self.replays = 0
+        self.captured = False
         self._wanted = bucket_sizes(max_batch)
+
+    def use_eager(self) -> None:
+        """Every bucket runs without a graph (enforce_eager)."""
+        for bucket in self._wanted:
+            self.add(bucket, EagerStep(self, bucket))
+        log.info("CUDA graphs off (enforce_eager): decode steps run eagerly, padded to buckets %s",
+                 ",".join(map(str, self.buckets)))
 
     def capture(self, time_limit_s: float = CAPTURE_TIME_LIMIT_S) -> None:
         started = time.perf_counter()
@@ -140,6 +164,7 @@ class DecodeGraphs:
                             "padded to that size", time.perf_counter() - started, time_limit_s, min(self.steps))
                 break
             self.add(bucket, self._capture_one(bucket, pool))
+        self.captured = True
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
         log.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s, %.0f MiB", len(self.buckets),
                  ",".join(map(str, self.buckets)), time.perf_counter() - started, used / (1 << 20))

@@ -42,11 +42,14 @@ class ModelRunner:
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size, dtype, device)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype) // config.num_hidden_layers
         self.graphs: DecodeGraphs | None = None
-        if graphs_enabled(engine, device, backend):
+        if bucketed_decode(device, backend):
             max_blocks = -(-max_model_len // engine.block_size)
             self.graphs = DecodeGraphs(self.model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
                                        max_blocks, device)
-            self.graphs.capture()
+            if engine.enforce_eager:
+                self.graphs.use_eager()
+            else:
+                self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
@@ -99,9 +102,10 @@ class ModelRunner:
         return ids_d, positions_d, meta, sample_d
 
 
-def graphs_enabled(engine: EngineConfig, device: torch.device, backend: str) -> bool:
-    """Graphs need CUDA and the Triton attention (whose decode kernel reads its lengths on the device)."""
-    if engine.enforce_eager or device.type != "cuda":
+def bucketed_decode(device: torch.device, backend: str) -> bool:
+    """Decode steps go through the graph buffers on CUDA with the Triton attention (whose decode kernel reads its
+    lengths on the device), captured or not (enforce_eager)."""
+    if device.type != "cuda":
         return False
     if backend != "triton":
         log.warning("CUDA graphs need attention_backend triton; decode steps run eagerly")

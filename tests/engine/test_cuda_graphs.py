@@ -1,8 +1,8 @@
 """Decode steps through the graphs' persistent buffers give the same tokens as eager steps.
 
-On CPU the captured graph itself is replaced by running the same forward on the same buffers (capture needs
-CUDA); everything around it (bucket choice, in-place filling, padding rows, the runner's dispatch) is the real
-code. On a GPU the real capture and replay are checked token for token against enforce_eager.
+On CPU the buckets run as enforce_eager runs them on CUDA: the same forward on the same buffers without a graph
+(capture needs CUDA); bucket choice, in-place filling, padding rows and the runner's dispatch are all exercised.
+On a GPU the real capture and replay are checked token for token against enforce_eager.
 """
 from __future__ import annotations
 
@@ -39,18 +39,6 @@ def test_fill_pads_rows_to_write_and_read_nothing():
     assert meta.slot_mapping.data_ptr() == inputs.slot_mapping.data_ptr()
 
 
-class _EagerStep:
-    """Stands in for a captured graph on CPU: the same forward over the same persistent buffers."""
-
-    def __init__(self, graphs: DecodeGraphs, bucket: int) -> None:
-        self.graphs, self.bucket = graphs, bucket
-
-    def replay(self) -> torch.Tensor:
-        inputs = self.graphs.inputs
-        return self.graphs.forward(inputs.input_ids[:self.bucket], inputs.positions[:self.bucket],
-                                   inputs.metadata(self.bucket))
-
-
 def _generate(engine: LLMEngine) -> list[list[int]]:
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     return [out.token_ids for out in engine.generate(PROMPTS, params)]
@@ -62,9 +50,9 @@ def test_decode_through_graph_buffers_matches_eager_on_cpu(tiny_model_dirs):
     eager = _generate(LLMEngine(config))
     engine = LLMEngine(config)
     runner = engine.runner
+    # What enforce_eager does on CUDA; capture itself needs CUDA.
     graphs = DecodeGraphs(runner.model, 4, -(-engine.max_model_len // config.block_size), engine.device)
-    for bucket in bucket_sizes(4):
-        graphs.add(bucket, _EagerStep(graphs, bucket))
+    graphs.use_eager()
     runner.graphs = graphs
     assert _generate(engine) == eager
     # Six requests against buckets up to 4: the larger decode batches ran eagerly, the smaller ones replayed.
@@ -78,10 +66,10 @@ def test_cuda_graphs_token_exact_against_eager(tiny_model_dirs, dtype):
     base = dict(model=str(tiny_model_dirs["llama"]), device="cuda", dtype=dtype, num_kv_blocks=128,
                 max_num_batched_tokens=32, cuda_graph_max_batch_size=4)
     eager_engine = LLMEngine(EngineConfig(**base, enforce_eager=True))
-    assert eager_engine.runner.graphs is None
+    assert not eager_engine.runner.graphs.captured
     eager = _generate(eager_engine)
     del eager_engine
     engine = LLMEngine(EngineConfig(**base))
-    assert engine.runner.graphs is not None and engine.runner.graphs.buckets == [1, 2, 4]
+    assert engine.runner.graphs.captured and engine.runner.graphs.buckets == [1, 2, 4]
     assert _generate(engine) == eager
     assert engine.runner.graphs.replays > 0
