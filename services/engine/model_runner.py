@@ -97,7 +97,7 @@ class ModelRunner:
             decode_block_tables=tables_d[num_prefill:], decode_context_lens=lens_d[num_prefill:].to(torch.int32))
         if self.attention.backend == "torch":
             decodes = packed[num_prefill:]
-            meta.torch_plan = plan_torch(slots, [s.seq.block_ids for s in decodes], lens[num_prefill:].tolist(), bs,
+            meta.torch_plan = plan_torch(slots_d, [s.seq.block_ids for s in decodes], lens[num_prefill:].tolist(), bs,
                                          self.block_bytes)
         return ids_d, positions_d, meta, sample_d
 
