@@ -38,8 +38,8 @@ def test_decode_step_rows_and_floor(tiny_model_dirs, tmp_path, capsys):
 
 
 def test_decode_step_floor_is_na_on_cpu_without_bandwidth(tiny_model_dirs, capsys):
-    assert _run(["--model", str(tiny_model_dirs["llama"]), "--batch-sizes", "2", "--context", "8", "--steps", "1",
-                 "--warmup", "0"]) == 0
+    assert _run(["--model", str(tiny_model_dirs["llama"]), "--device", "cpu", "--batch-sizes", "2", "--context", "8",
+                 "--steps", "1", "--warmup", "0"]) == 0
     assert "n/a" in capsys.readouterr().out
 
 

@@ -45,8 +45,8 @@ def _generate(engine: LLMEngine) -> list[list[int]]:
 
 
 def test_decode_through_graph_buffers_matches_eager_on_cpu(tiny_model_dirs):
-    config = EngineConfig(model=str(tiny_model_dirs["llama"]), attention_backend="triton", num_kv_blocks=64,
-                          max_num_batched_tokens=32)
+    config = EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", attention_backend="triton",
+                          num_kv_blocks=64, max_num_batched_tokens=32)
     eager = _generate(LLMEngine(config))
     engine = LLMEngine(config)
     runner = engine.runner

@@ -13,7 +13,7 @@ from baton.services.engine.models.loader import load_config
                          ids=["blocks", "gib"])
 def test_explicit_size_that_cannot_fit_names_the_sizes(tiny_model_dirs, setting):
     with pytest.raises(KVCacheTooLarge) as e:
-        LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), **setting))
+        LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", **setting))
     message = str(e.value)
     name, value = next(iter(setting.items()))
     assert f"{name}={value:g}" in message or f"{name}={value}" in message
