@@ -39,6 +39,8 @@ def test_fill_pads_rows_to_write_and_read_nothing():
     meta = inputs.metadata(4)
     assert meta.decode_block_tables.shape == (4, 4) and meta.num_prefill_tokens == 0
     assert meta.slot_mapping.data_ptr() == inputs.slot_mapping.data_ptr()
+    inputs.fill(DecodeBatch([], [], [], [], []), 8)  # what capture runs on: padding only
+    assert inputs.slot_mapping.tolist() == [-1] * 8 and inputs.context_lens.tolist() == [0] * 8
 
 
 def _generate(engine: LLMEngine) -> list[list[int]]:
