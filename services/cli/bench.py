@@ -1,4 +1,4 @@
-"""`baton bench <kind>`: benchmarks, one subcommand each (today: `throughput`).
+"""`baton bench <kind>`: benchmarks, one subcommand each.
 
 A new kind (kv-transfer, router, gateway) gets its own module with a `register(kinds)` and one call in
 `register` below; `bench` itself only owns the subparser the kinds hang from.
