@@ -101,7 +101,7 @@ def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtyp
                          f"{per_block} bytes; free memory or lower max_num_batched_tokens")
     log.info("KV cache: %d blocks of %d tokens (%s)%s", blocks, engine.block_size, _gib(blocks * per_block),
              "" if asked else f", sized from memory: {budget.where}")
-    if max_model_len is not None and blocks * engine.block_size < max_model_len:
+    if not asked and wanted is None and max_model_len is not None and blocks * engine.block_size < max_model_len:
         log.warning("the KV cache holds %d tokens, less than one full-length sequence (%d)",
                     blocks * engine.block_size, max_model_len)
     return blocks
