@@ -85,3 +85,33 @@ def paged_prefill_attention_ref(
         probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
         out[lo:hi] = torch.einsum("kgql,lkd->qkgd", probs, v).reshape(hi - lo, num_q_heads, head_dim).to(query.dtype)
     return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of x [T, N] in at least fp32. With residual: residual += x in place first, and the sum is normalized."""
+    if residual is not None:
+        residual.copy_(residual + x)
+        x = residual
+    dtype = _compute_dtype(x.dtype)
+    x32 = x.to(dtype)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.to(dtype)).to(x.dtype)
+
+
+def silu_and_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    dtype = _compute_dtype(gate.dtype)
+    return (torch.nn.functional.silu(gate.to(dtype)) * up.to(dtype)).to(gate.dtype)
+
+
+def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     positions: torch.Tensor) -> None:
+    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place by the rows `positions` [T] of cos/sin [P, D]."""
+    for x in (q, k):
+        dtype = _compute_dtype(x.dtype)
+        c = cos[positions.long()].to(dtype).unsqueeze(1)
+        s = sin[positions.long()].to(dtype).unsqueeze(1)
+        x32 = x.to(dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+        x.copy_((x32 * c + rotated * s).to(x.dtype))

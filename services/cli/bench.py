@@ -1,4 +1,4 @@
-"""`baton bench <kind>`: benchmarks, one subcommand each (today: `throughput`).
+"""`baton bench <kind>`: benchmarks, one subcommand each.
 
 A new kind (kv-transfer, router, gateway) gets its own module with a `register(kinds)` and one call in
 `register` below; `bench` itself only owns the subparser the kinds hang from.
@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import Request, random_workload, shared_prefix_workload, summarize, trace_workload
-from baton.services.cli import bench_isolation, bench_overload
+from baton.services.cli import bench_decode_step, bench_isolation, bench_overload
 from baton.services.cli.bench_gateway import register as register_gateway
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
 from baton.services.cli.bench_router import register as register_router
@@ -25,6 +25,7 @@ from baton.services.engine.bench_throughput import (EngineShape, ThroughputResul
                                                     machine_info, report, run_baton, run_hf, special_token_ids,
                                                     warmup_workload)
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.models.loader import load_config
 from baton.services.engine.sampling_params import StructuredOutput
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_router(kinds)
     register_gateway(kinds)
     bench_isolation.register(kinds)
+    bench_decode_step.register(kinds)
     bench_overload.register(kinds)
 
 
@@ -112,13 +114,18 @@ def _describe(args: argparse.Namespace, stats: dict[str, int | float]) -> str:
             f"output {stats['output_len_min']}-{stats['output_len_max']} (mean {stats['output_len_mean']}) tokens")
 
 
-def _engine_config(args: argparse.Namespace, requests: list[Request]) -> EngineConfig:
+def _engine(args: argparse.Namespace, requests: list[Request]) -> LLMEngine:
+    """Without an explicit KV size, the cache is sized to the work (transformers plans for attention over its
+    whole cache, and both systems then get the same capacity), but never past what memory allows."""
     config = settings_from_args(EngineConfig, args)
-    if config.num_kv_blocks is None and config.kv_cache_memory_gib is None:
-        # Sized to the work rather than to memory: transformers plans for attention over its whole cache, and
-        # both systems then get the same capacity.
-        config = config.model_copy(update={"num_kv_blocks": kv_blocks_for(requests, config.block_size)})
-    return config
+    if config.num_kv_blocks is not None or config.kv_cache_memory_gib is not None:
+        return LLMEngine(config)
+    wanted = kv_blocks_for(requests, config.block_size)
+    engine = LLMEngine(config, kv_blocks_wanted=wanted)
+    if engine.runner.num_blocks < wanted:
+        print(f"KV cache capped at the memory budget: {engine.runner.num_blocks} of the {wanted} blocks the "
+              f"workload would hold at once; requests queue for room", flush=True)
+    return engine
 
 
 def _structured(args: argparse.Namespace) -> StructuredOutput | None:
@@ -132,18 +139,18 @@ def _structured(args: argparse.Namespace) -> StructuredOutput | None:
     return spec
 
 
-def _run_engine(config: EngineConfig, requests: list[Request], warmup: list[Request],
+def _run_engine(args: argparse.Namespace, requests: list[Request], warmup: list[Request],
                 structured: StructuredOutput | None) -> tuple[list[ThroughputResult], EngineShape]:
     """The engine alone, or constrained and then unconstrained at the constrained lengths, each on a fresh
     engine so the second run finds no prompt in the first one's prefix cache."""
-    engine = LLMEngine(config)
+    engine = _engine(args, requests + warmup)
     shape = EngineShape.of(engine)
     results = [run_baton(engine, requests, warmup, structured)]
+    del engine
+    gc.collect()
     if structured is not None:
-        del engine
-        gc.collect()
         same = [(prompt, n) for (prompt, _), n in zip(requests, results[0].output_lens)]
-        results.append(run_baton(LLMEngine(config), same, warmup))
+        results.append(run_baton(_engine(args, requests + warmup), same, warmup))
     return results, shape
 
 
@@ -163,7 +170,11 @@ def run_throughput(args: argparse.Namespace) -> int:
     warmup = warmup_workload(model_config.vocab_size, args.seed, avoid)
     stats = summarize(requests)
     print(_describe(args, stats), flush=True)
-    results, shape = _run_engine(_engine_config(args, requests + warmup), requests, warmup, structured)
+    try:
+        results, shape = _run_engine(args, requests, warmup, structured)
+    except KVCacheTooLarge as e:
+        print(f"baton bench throughput: error: {e}", file=sys.stderr)
+        return 2
     if args.compare == "hf":
         # Free the engine's KV cache first (_run_engine dropped it): on a GPU it holds most of the memory
         # transformers will ask for.

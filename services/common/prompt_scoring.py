@@ -3,7 +3,6 @@ which is how lm-evaluation-harness's `local-completions` asks for log-likelihood
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
@@ -31,8 +30,10 @@ def parse_logit_bias(raw: dict[str, float] | None, vocab_size: int | None) -> di
 
 def prompt_only(out: RequestOutput) -> RequestOutput:
     """max_tokens 0 with echo: the engine ran one token so the prompt was scored; the answer is the prompt alone."""
-    return replace(out, token_ids=[], text="", logprobs=[] if out.logprobs is not None else None,
-                   finish_reason="length", stop_reason=None)
+    return RequestOutput(out.request_id, out.prompt_token_ids, token_ids=[], text="", num_new_tokens=0, new_text="",
+                         finished=out.finished, finish_reason="length", stop_reason=None,
+                         logprobs=[] if out.logprobs is not None else None, num_cached_tokens=out.num_cached_tokens,
+                         prompt_logprobs=out.prompt_logprobs)
 
 
 def vllm_prompt_logprobs(entries: list[TokenLogprobs | None], text_of: Callable[[int], str],

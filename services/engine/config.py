@@ -17,7 +17,8 @@ class EngineConfig(BatonSettings):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the model runs")
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV-cache block")
     kv_cache_memory_gib: float | None = Field(
-        None, gt=0, description="KV-cache budget in GiB (default: 2 on CPU, the rest of gpu_memory_utilization on GPU)")
+        None, gt=0, description="KV-cache budget in GiB (default: on GPU what gpu_memory_utilization leaves after "
+                                "weights and activations; on CPU a quarter of available host memory, at most 2)")
     num_kv_blocks: int | None = Field(None, ge=1, description="Exact number of KV blocks; overrides the memory budget")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Share of GPU memory the engine may use")
     max_model_len: int | None = Field(None, ge=1, description="Context length cap (default: the model's)")
@@ -29,6 +30,9 @@ class EngineConfig(BatonSettings):
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Attention kernels: Triton on GPU, torch on CPU when auto")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs for decode steps")
+    cuda_graph_max_batch_size: int = Field(
+        256, ge=1, description="Largest decode batch captured as a CUDA graph (larger batches run eagerly; "
+                               "buckets 1, 2, 4, 8, then multiples of 16)")
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")

@@ -85,7 +85,8 @@ def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprobs | None] | None:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None) -> None:
+        """kv_blocks_wanted: without an explicit KV size, this many blocks as far as memory allows (benchmarks)."""
         if config.model is None:
             from baton.services.engine.tiny_model import embedded_model_path
             config = config.model_copy(update={"model": str(embedded_model_path())})
@@ -100,10 +101,12 @@ class LLMEngine:
         self.max_model_len = context_length(self.model_config, config.max_model_len)
         self.device, self.dtype = _resolve(config, getattr(self.model_config, "dtype", None))
         if config.engine == "sim":
+            if kv_blocks_wanted is not None and config.num_kv_blocks is None:
+                config = config.model_copy(update={"num_kv_blocks": kv_blocks_wanted})
             self.runner: ModelRunner | SimulatedRunner = SimulatedRunner(config, self.model_config, self.eos_ids)
         else:
             self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype, self.device,
-                                      self.max_model_len)
+                                      self.max_model_len, kv_blocks_wanted)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
                                    config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
@@ -323,12 +326,20 @@ class LLMEngine:
     def _output(self, seq: Sequence, num_new: int, final: bool) -> RequestOutput:
         detok = self.detokenizers[seq.request_id]
         new_text = detok.release(final)
+        # The histories stay where they grow (token and logprob lists only append; text past `released` is the
+        # only text ever cut): each output keeps a length, not a copy.
+        tokens, start, end, released, lps = seq.token_ids, seq.num_prompt_tokens, seq.num_tokens, detok.released, \
+            seq.logprobs
+        num_lps = 0 if lps is None else len(lps)
+        snapshot = RequestOutput.snapshot
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, token_ids=seq.output_token_ids,
-            text=detok.text[:detok.released], num_new_tokens=num_new, new_text=new_text, finished=final,
-            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-            num_cached_tokens=seq.num_cached_tokens, prompt_logprobs=_take_prompt_logprobs(seq))
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
+            token_ids=snapshot(lambda: tokens[start:end]), text=snapshot(lambda: detok.text[:released]),
+            num_new_tokens=num_new, new_text=new_text, finished=final, finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason, logprobs=None if lps is None else snapshot(lambda: lps[:num_lps]),
+            num_cached_tokens=seq.num_cached_tokens, new_token_ids=tokens[end - num_new:end],
+            new_logprobs=None if lps is None else lps[max(0, num_lps - num_new):num_lps],
+            prompt_logprobs=_take_prompt_logprobs(seq))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Offline convenience: runs prompts to completion and returns their final outputs in order."""

@@ -1,27 +1,36 @@
 """Turns a scheduled step into one packed forward pass and returns the logits of the rows that sample."""
 from __future__ import annotations
 
+import logging
+from itertools import chain
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import PretrainedConfig
 
 from baton.services.engine import kv_cache
 from baton.services.engine.attention import Attention, AttentionMetadata, PrefillSpan, plan_torch
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from baton.services.engine.models.loader import head_dim, load_model
 from baton.services.engine.prompt_logprobs import score_prompts
 from baton.services.engine.scheduler import ScheduledSeq
 
+log = logging.getLogger(__name__)
 
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).reshape(len(rows), width)
+
+def _block_table(tables: list[list[int]]) -> torch.Tensor:
+    """[rows, longest] int64, zero-padded; filled row by row in C rather than per element in Python."""
+    out = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int64)
+    for row, blocks in enumerate(tables):
+        out[row, :len(blocks)] = blocks
+    return torch.from_numpy(out)
 
 
 class ModelRunner:
     def __init__(self, engine: EngineConfig, config: PretrainedConfig, model_dir: Path, dtype: torch.dtype,
-                 device: torch.device, max_model_len: int) -> None:
+                 device: torch.device, max_model_len: int, kv_blocks_wanted: int | None = None) -> None:
         self.device = device
         self.block_size = engine.block_size
         backend = engine.attention_backend
@@ -30,56 +39,94 @@ class ModelRunner:
         # Weights first, so that the cache budget on a GPU is what they leave.
         self.attention = Attention(head_dim(config) ** -0.5, backend, engine.block_size)
         self.model = load_model(model_dir, config, self.attention, dtype, device, max_model_len)
-        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device)
+        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len, kv_blocks_wanted)
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size, dtype, device)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype) // config.num_hidden_layers
+        self.graphs: DecodeGraphs | None = None
+        if bucketed_decode(device, backend):
+            max_blocks = -(-max_model_len // engine.block_size)
+            self.graphs = DecodeGraphs(self.model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
+                                       max_blocks, device)
+            if engine.enforce_eager:
+                self.graphs.use_eager()
+            else:
+                self.graphs.capture()
+
+    def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
+        """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden states."""
+        return (all(s.num_tokens == 1 and not s.seq.wants_prompt_logprobs for s in scheduled)
+                and self.graphs.can_run(len(scheduled)))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Runs the step. Returns the items that sample, in packed order, and their float32 logits. Sequences that
         asked for prompt logprobs get this step's share appended."""
+        if self.graphs is not None and self._graphable(scheduled):
+            hidden = self.graphs.run(_decode_batch(scheduled, self.block_size))
+            keep = [i for i, s in enumerate(scheduled) if s.samples]
+            rows = hidden if len(keep) == len(scheduled) else hidden[keep]
+            return [scheduled[i] for i in keep], self.model.compute_logits(rows)
         packed = [s for s in scheduled if s.num_tokens > 1] + [s for s in scheduled if s.num_tokens == 1]
-        ids, positions, meta = self._prepare(packed)
+        ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
         if any(s.seq.wants_prompt_logprobs for s in packed):
             score_prompts(packed, hidden, self.model.compute_logits)
         ends = torch.tensor([s.num_tokens for s in packed]).cumsum(0) - 1
         keep = [i for i, s in enumerate(packed) if s.samples]
-        logits = self.model.compute_logits(hidden[ends[keep].to(self.device)])
-        return [packed[i] for i in keep], logits
+        return [packed[i] for i in keep], self.model.compute_logits(hidden[sample_rows])
 
-    def _prepare(self, packed: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _prepare(self, packed: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
+                                                             torch.Tensor]:
+        """Per-token positions and slots come from tensor arithmetic over per-sequence values, and everything
+        the device needs crosses in one copy."""
         bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        spans: list[PrefillSpan] = []
-        decode_tables, decode_lens = [], []
-        for item in packed:
-            seq, first, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
-            ids += seq.token_ids[first:first + n]
-            positions += range(first, first + n)
-            blocks = seq.block_ids
-            slots += [blocks[p // bs] * bs + p % bs for p in range(first, first + n)]
-            if n > 1:
-                spans.append(PrefillSpan(len(ids) - n, n, first + n, blocks))
-            else:
-                decode_tables.append(blocks)
-                decode_lens.append(first + 1)
-        dev = self.device
-        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=dev)
+        counts = torch.tensor([s.num_tokens for s in packed])
+        firsts = torch.tensor([s.seq.num_computed_tokens for s in packed])
+        ids = torch.tensor(list(chain.from_iterable(
+            s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens + s.num_tokens] for s in packed)))
+        ends = counts.cumsum(0)
+        row = torch.repeat_interleave(torch.arange(len(packed)), counts)
+        positions = firsts[row] + torch.arange(len(ids)) - (ends - counts)[row]
+        tables = _block_table([s.seq.block_ids for s in packed])
+        slots = tables[row, positions // bs] * bs + positions % bs
+        num_prefill = sum(1 for s in packed if s.num_tokens > 1)
+        sample_rows = (ends - 1)[[i for i, s in enumerate(packed) if s.samples]]
+        lens = firsts + counts
+        query_start = torch.cat((torch.zeros(1, dtype=torch.int64), ends[:num_prefill]))
+        host = [ids, positions, slots, sample_rows, tables.flatten(), query_start, lens]
+        dev = torch.cat(host).to(self.device, non_blocking=True).split([len(t) for t in host])
+        ids_d, positions_d, slots_d, sample_d, tables_d, start_d, lens_d = dev
+        tables_d = tables_d.view(tables.shape).to(torch.int32)
+        spans = [PrefillSpan(int(ends[i] - counts[i]), int(counts[i]), int(lens[i]), s.seq.block_ids)
+                 for i, s in enumerate(packed[:num_prefill])]
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping,
-            num_prefill_tokens=sum(s.query_len for s in spans),
-            prefill_spans=spans,
-            prefill_block_tables=_pad([s.block_ids for s in spans]).to(dev),
-            prefill_query_start_loc=torch.tensor([0] + [s.query_start + s.query_len for s in spans],
-                                                 dtype=torch.int32, device=dev),
-            prefill_context_lens=torch.tensor([s.context_len for s in spans], dtype=torch.int32, device=dev),
-            decode_block_tables=_pad(decode_tables).to(dev),
-            decode_context_lens=torch.tensor(decode_lens, dtype=torch.int32, device=dev),
-        )
+            slot_mapping=slots_d, num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0,
+            prefill_spans=spans, prefill_block_tables=tables_d[:num_prefill],
+            prefill_query_start_loc=start_d.to(torch.int32), prefill_context_lens=lens_d[:num_prefill].to(torch.int32),
+            decode_block_tables=tables_d[num_prefill:], decode_context_lens=lens_d[num_prefill:].to(torch.int32))
         if self.attention.backend == "torch":
-            meta.torch_plan = plan_torch(slot_mapping, decode_tables, decode_lens, bs, self.block_bytes)
-        return (torch.tensor(ids, dtype=torch.int64, device=dev),
-                torch.tensor(positions, dtype=torch.int64, device=dev), meta)
+            decodes = packed[num_prefill:]
+            meta.torch_plan = plan_torch(slots_d, [s.seq.block_ids for s in decodes], lens[num_prefill:].tolist(), bs,
+                                         self.block_bytes)
+        return ids_d, positions_d, meta, sample_d
+
+
+def bucketed_decode(device: torch.device, backend: str) -> bool:
+    """Decode steps go through the graph buffers on CUDA with the Triton attention (whose decode kernel reads its
+    lengths on the device), captured or not (enforce_eager)."""
+    if device.type != "cuda":
+        return False
+    if backend != "triton":
+        log.warning("CUDA graphs need attention_backend triton; decode steps run eagerly")
+        return False
+    return True
+
+
+def _decode_batch(scheduled: list[ScheduledSeq], block_size: int) -> DecodeBatch:
+    """One token per sequence: its position is the sequence's computed length."""
+    positions = [s.seq.num_computed_tokens for s in scheduled]
+    tables = [s.seq.block_ids for s in scheduled]
+    return DecodeBatch(
+        token_ids=[s.seq.token_ids[p] for s, p in zip(scheduled, positions)], positions=positions,
+        slots=[t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)],
+        block_tables=tables, context_lens=[p + 1 for p in positions])

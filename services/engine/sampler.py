@@ -68,8 +68,10 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_ks], device=logits.device)
         kth = logits.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    top_ps = torch.tensor([s.params.top_p for s in seqs], dtype=logits.dtype, device=logits.device)
+    # Decided on host copies of the parameters, so that no branch waits for the device.
+    top_ps = torch.tensor([s.params.top_p for s in seqs], dtype=logits.dtype)
     if bool((top_ps < 1.0).any()):
+        top_ps = top_ps.to(logits.device)
         sorted_logits, order = logits.sort(dim=1, descending=True)
         cumulative = sorted_logits.softmax(dim=1).cumsum(dim=1)
         # Drop a token when the mass strictly before it already reaches top_p; the best token always stays.
@@ -77,8 +79,9 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=1)
-    min_ps = torch.tensor([s.params.min_p for s in seqs], dtype=logits.dtype, device=logits.device)
+    min_ps = torch.tensor([s.params.min_p for s in seqs], dtype=logits.dtype)
     if bool((min_ps > 0).any()):
+        min_ps = min_ps.to(logits.device)
         threshold = probs.max(dim=1, keepdim=True).values * min_ps.unsqueeze(1)
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs

@@ -66,12 +66,11 @@ def stop_reason_of(message: pb.GenerateResponse | pb.PrefillResponse) -> int | s
 
 
 def output_to_proto(out: RequestOutput, kv_source: str) -> pb.GenerateResponse:
-    new = out.token_ids[len(out.token_ids) - out.num_new_tokens:]
     message = pb.GenerateResponse(
-        token_ids=new, text=out.new_text, finished=out.finished, finish_reason=out.finish_reason or "",
+        token_ids=out.new_token_ids, text=out.new_text, finished=out.finished, finish_reason=out.finish_reason or "",
         num_prompt_tokens=len(out.prompt_token_ids), num_cached_tokens=out.num_cached_tokens, kv_source=kv_source)
-    if out.logprobs is not None and out.num_new_tokens:
-        message.logprobs.extend(logprob_to_proto(lp) for lp in out.logprobs[-out.num_new_tokens:])
+    if out.new_logprobs:
+        message.logprobs.extend(logprob_to_proto(lp) for lp in out.new_logprobs)
     if out.prompt_logprobs is not None:
         message.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
     set_stop_reason(message, out.stop_reason)

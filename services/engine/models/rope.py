@@ -9,6 +9,8 @@ import torch
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from baton.services.engine.models import ops
+
 # These recompute frequencies per sequence length; a position-indexed table cannot represent them.
 UNSUPPORTED_ROPE_TYPES = ("dynamic", "longrope")
 
@@ -37,12 +39,5 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D]; rotates in the activations' dtype, as transformers does."""
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        """q: [T, Hq, D], k: [T, Hkv, D]; on CUDA rotated in place by one fused kernel."""
+        return ops.rotary(q, k, self.cos, self.sin, positions)

@@ -1,0 +1,31 @@
+"""Streamed outputs carry deltas; the histories they expose are exact snapshots as of their step."""
+from baton.services.engine.config import EngineConfig
+from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.outputs import RequestOutput
+from baton.services.engine.sampling_params import SamplingParams
+
+
+def test_deltas_add_up_and_histories_are_snapshots(tiny_model_dirs):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
+    engine.add_request("r", list(range(20, 40)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                                                   logprobs=2))
+    outs: list[RequestOutput] = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    tokens, text, logprobs = [], "", []
+    for out in outs:  # read only after the request finished: each must still show its own step
+        assert len(out.new_token_ids) == out.num_new_tokens == 1
+        tokens += out.new_token_ids
+        text += out.new_text
+        logprobs += out.new_logprobs
+        assert out.token_ids == tokens
+        assert out.text == text
+        assert out.logprobs == logprobs
+        assert [lp.token_id for lp in out.new_logprobs] == out.new_token_ids
+    assert outs[-1].finished and len(tokens) == 12
+
+
+def test_constructed_outputs_derive_their_deltas():
+    out = RequestOutput(request_id="x", prompt_token_ids=[1], token_ids=[5, 6, 7], text="abc", num_new_tokens=2,
+                        new_text="bc")
+    assert out.new_token_ids == [6, 7] and out.new_logprobs is None and out.text == "abc"
