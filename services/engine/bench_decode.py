@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.sampling_params import SamplingParams
 
@@ -71,7 +72,7 @@ def _join(engine: LLMEngine, tag: str, batch: int, context: int, max_tokens: int
         rid = f"{tag}-{i}"
         prompt = [rng.randrange(vocab) for _ in range(context)]
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        if engine.reserve_prefilled(rid, prompt, params) is None:
+        if engine.reserve_prefilled(EngineRequest(rid, prompt, params)) is None:
             for joined in ids:
                 engine.abort_request(joined)
             raise ValueError(f"batch {batch} at context {context} does not fit: the KV cache holds "

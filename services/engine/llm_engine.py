@@ -9,10 +9,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from baton.services.engine.block_manager import BlockManager
+from baton.services.engine.block_manager import BlockEvent, BlockManager
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.decode_cost import DecodeCostModel
+from baton.services.engine.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.engine.detokenizer import IncrementalDetokenizer
+from baton.services.engine.handoff import EngineRequest, HandoffTable, HeldKV
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.models.loader import context_length, load_config
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
@@ -27,6 +28,17 @@ from baton.services.engine.structured.matcher import GrammarState
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The engine as a serving process sees it (the worker, through its engine thread): nothing else
+# of it is touched there (tests/worker/test_engine_boundary.py checks).
+SERVING_API = frozenset({
+    "submit", "step", "has_unfinished_requests", "abort",  # requests in, outputs out
+    # hand-off, decode side
+    "reserve_prefilled", "commit_prefilled", "park_reserved", "release_parked",
+    "held_kv", "release_kv",  # hand-off, prefill side
+    "stats", "model_id", "block_size", "kv_cache",  # load and shape
+    # the prefix cache, mirrored by the router
+    "record_block_events", "drain_block_events", "cached_block_hashes",
+})
 
 
 @dataclass
@@ -45,6 +57,21 @@ class EngineCounters:
         the router divides a queue of prompt tokens by to predict a wait. None before any prefill."""
         seconds = sum(s for _, s in self.recent_prefill_steps)
         return sum(t for t, _ in self.recent_prefill_steps) / seconds if seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's load, what a worker reports to the router."""
+    num_running: int
+    num_waiting: int
+    kv_blocks_free: int
+    kv_blocks_total: int
+    prefill_tokens_queued: int
+    decode_rows: int  # running requests past their prompt: the batch a new one would join
+    decode_context_tokens: int
+    decode_fit: DecodeCostFit | None
+    recent_step_seconds: list[float]
+    prefill_tokens_per_s: float | None
 
 
 def _resolve(config: EngineConfig, checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
@@ -115,28 +142,33 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.seqs: dict[str, Sequence] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        # The two ends of a KV hand-off: finished prompts whose blocks a decode worker may still pull (prefill
-        # side), and requests whose blocks are reserved while their KV arrives (decode side).
-        self.held: dict[str, Sequence] = {}
-        self.reserved: dict[str, Sequence] = {}
+        # Both ends of a KV hand-off: sequences with blocks taken outside the batch (handoff.py).
+        self.handoffs = HandoffTable()
         # Built on the first structured request: wrapping a large vocabulary for the grammar engine takes ~1 s.
         self._grammars: GrammarCache | None = None
         self._masks: MaskBuilder | None = None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                    priority: int = 0, cache_salt: str | None = None, output_token_ids: list[int] | None = None,
-                    hold_kv: bool = False) -> None:
+                    priority: int = 0, cache_salt: str | None = None,
+                    output_token_ids: list[int] | None = None, hold_kv: bool = False) -> None:
+        """submit() with the request spelled out (offline callers)."""
+        self.submit(EngineRequest(request_id, prompt_token_ids, params, priority, cache_salt),
+                    output_token_ids=output_token_ids, hold_kv=hold_kv)
+
+    def submit(self, request: EngineRequest, *, output_token_ids: list[int] | None = None,
+               hold_kv: bool = False) -> None:
         """Queues a request. Raises ValueError with a client-facing message when it can never be served.
 
         output_token_ids: tokens already generated (and streamed) elsewhere; generation continues after them.
         hold_kv: keep the blocks once finished, until release_kv (the prefill side of a hand-off)."""
-        seq = self._new_sequence(request_id, prompt_token_ids, params, priority, cache_salt, output_token_ids)
+        seq = self._new_sequence(request, output_token_ids)
         seq.hold_kv = hold_kv
         self.scheduler.add(seq)
 
-    def _new_sequence(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-                      cache_salt: str | None, output_token_ids: list[int] | None = None) -> Sequence:
-        if request_id in self.seqs or request_id in self.held:
+    def _new_sequence(self, request: EngineRequest,
+                      output_token_ids: list[int] | None = None) -> Sequence:
+        request_id, prompt, params = request.request_id, request.prompt_token_ids, request.params
+        if request_id in self.seqs or self.handoffs.held(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in flight")
         params.validate(self.config.max_logprobs)
         self._check_engine_params(params)
@@ -145,8 +177,8 @@ class LLMEngine:
             raise ValueError(f"the request already has {len(outputs)} output tokens of max_tokens "
                              f"{params.max_tokens}")
         self._check_prompt(prompt + outputs, params, len(outputs))
-        seq = Sequence(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
-                       output_token_ids=outputs)
+        seq = Sequence(request_id, prompt, params, priority=request.priority,
+                       cache_salt=request.cache_salt, output_token_ids=outputs)
         if params.structured_output is not None:
             seq.grammar = self._grammar(params, outputs)
         skip_draws(seq, self.model_config.vocab_size, len(outputs))
@@ -170,12 +202,11 @@ class LLMEngine:
         state.replay(outputs)
         return state
 
-    def reserve_prefilled(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                          priority: int = 0, cache_salt: str | None = None) -> tuple[list[int], int] | None:
+    def reserve_prefilled(self, request: EngineRequest) -> tuple[list[int], int] | None:
         """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere. Returns (block ids,
         number of leading blocks already held by the local prefix cache, which need no transfer), or None when
-        the cache or the batch has no room now. Raises ValueError like add_request."""
-        seq = self._new_sequence(request_id, prompt_token_ids, params, priority, cache_salt)
+        the cache or the batch has no room now. Raises ValueError like submit."""
+        seq = self._new_sequence(request)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
         if (len(self.scheduler.running) >= self.config.max_num_seqs
                 or not self.blocks.can_admit(hits, seq.num_tokens)):
@@ -186,13 +217,13 @@ class LLMEngine:
         seq.num_cached_tokens = seq.num_computed_tokens
         self.scheduler.stats.prefix_cache_queries += seq.num_prompt_tokens
         self.scheduler.stats.prefix_cache_hits += seq.num_cached_tokens
-        self.reserved[request_id] = seq
+        self.handoffs.reserve(seq)
         return list(seq.block_ids), len(hits)
 
     def commit_prefilled(self, request_id: str, first_token: int,
                          first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
         """The reserved blocks now hold the prompt's KV: join the batch with the prefill worker's first token."""
-        seq = self.reserved.pop(request_id)
+        seq = self.handoffs.take_reserved(request_id)
         cached = seq.num_computed_tokens
         seq.num_computed_tokens = seq.num_tokens
         self.blocks.cache_full_blocks(seq, cached)
@@ -200,24 +231,38 @@ class LLMEngine:
         self.scheduler.add_running(seq)
         return self._append(seq, first_token, first_logprobs)
 
-    def park_reserved(self, request_id: str) -> str:
+    def park_reserved(self, request_id: str) -> int:
         """Moves a reservation out of its request's way, its blocks still taken (a late write may still land in
-        them); returns the key that release_kv frees them by."""
-        seq = self.reserved.pop(request_id)
-        self._forget(seq)
-        key = f"{request_id}#parked"
-        self.reserved[key] = seq
-        return key
+        them); returns the ticket that release_parked frees them by."""
+        ticket = self.handoffs.park(request_id)
+        del self.seqs[request_id], self.detokenizers[request_id]
+        return ticket
+
+    def release_parked(self, ticket: int) -> bool:
+        seq = self.handoffs.release_parked(ticket)
+        if seq is not None:
+            self.blocks.free(seq)
+        return seq is not None
 
     def release_kv(self, request_id: str) -> bool:
-        """Prefill side: the decode worker has its copy (or the lease ran out); the held blocks go back."""
-        seq = self.held.pop(request_id, None) or self.reserved.pop(request_id, None)
+        """Ends a held (prefill side: pulled, released or expired) or reserved (decode side)
+        hand-off: its blocks go back."""
+        seq = self.handoffs.release(request_id)
         if seq is None:
             return False
         self.blocks.free(seq)
         self.seqs.pop(request_id, None)
         self.detokenizers.pop(request_id, None)
         return True
+
+    def held_kv(self, request_id: str) -> HeldKV | None:
+        """The blocks a finished prefill holds for a pull, or None when it holds none."""
+        seq = self.handoffs.held(request_id)
+        if seq is None:
+            return None
+        full = seq.num_prompt_tokens // self.blocks.block_size
+        hashes = seq.full_block_hashes(self.blocks.block_size, self.model_id)[:full]
+        return HeldKV(list(seq.block_ids), hashes)
 
     def _forget(self, seq: Sequence) -> None:
         del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
@@ -246,9 +291,15 @@ class LLMEngine:
             raise ValueError(f"with chunked prefill off, prompt plus output is limited to max_num_batched_tokens "
                              f"({self.config.max_num_batched_tokens})")
 
+    def abort(self, request_id: str) -> bool:
+        """abort_request, saying whether the request was anywhere here."""
+        found = request_id in self.seqs or self.handoffs.state(request_id) is not None
+        self.abort_request(request_id)
+        return found
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stops a request wherever it is (queued, running, awaiting its KV, or held for a pull)."""
-        if request_id in self.held or request_id in self.reserved:
+        if self.handoffs.state(request_id) is not None:
             self.release_kv(request_id)
             return None
         seq = self.seqs.get(request_id)
@@ -261,6 +312,40 @@ class LLMEngine:
         """(rows, context tokens) of the running requests past their prompt: the batch a new one would join."""
         rows = [s for s in self.scheduler.running if s.num_computed_tokens >= s.num_prompt_tokens]
         return len(rows), sum(s.num_computed_tokens for s in rows)
+
+    def stats(self) -> EngineStats:
+        """Safe to read off the engine thread: each figure is read once, the lists copied."""
+        rows, context_tokens = self.decode_load()
+        sched, counters = self.scheduler, self.counters
+        return EngineStats(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            kv_blocks_free=self.blocks.num_free_blocks, kv_blocks_total=self.blocks.num_blocks,
+            prefill_tokens_queued=sched.prefill_tokens_queued(), decode_rows=rows,
+            decode_context_tokens=context_tokens, decode_fit=counters.decode_cost.fit(),
+            recent_step_seconds=list(counters.recent_step_seconds),
+            prefill_tokens_per_s=counters.prefill_tokens_per_s())
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
+
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """[layers, blocks, 2, block_size, kv heads, head dim]: what KV transports register."""
+        return self.runner.kv_cache
+
+    def record_block_events(self) -> None:
+        """From now on, log each block that becomes hittable or stops being so."""
+        self.blocks.record_events = True
+
+    def drain_block_events(self) -> list[BlockEvent]:
+        """The block events since the last drain, oldest first (engine thread only)."""
+        events, self.blocks.events = self.blocks.events, []
+        return events
+
+    def cached_block_hashes(self) -> list[int]:
+        """Every block hash the prefix cache can hit now (engine thread only)."""
+        return list(self.blocks.cached)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -319,7 +404,7 @@ class LLMEngine:
         self.counters.requests_finished += 1
         out = self._output(seq, num_new=num_new, final=True)
         if hold:
-            self.held[seq.request_id] = seq
+            self.handoffs.hold(seq)
         del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
         return out
 

@@ -52,6 +52,10 @@ class ModelRunner:
             else:
                 self.graphs.capture()
 
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        return self.attention.kv_cache
+
     def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
         """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden states."""
         return (all(s.num_tokens == 1 and not s.seq.wants_prompt_logprobs for s in scheduled)

@@ -27,21 +27,14 @@ _MASKED_LOGIT = -1e4  # far enough below the chosen token that sampling at any t
 _HASH_MULTIPLIER = 0x9E3779B1  # Knuth's multiplicative hash: neighbouring contexts get unrelated tokens
 
 
-class _SimAttention:
-    """Holds the KV tensor where ModelRunner's Attention does, which is where the KV transports look for it."""
-
-    def __init__(self, kv_cache: torch.Tensor) -> None:
-        self.kv_cache = kv_cache
-
-
 class SimulatedRunner:
     def __init__(self, engine: EngineConfig, config: PretrainedConfig, avoid_token_ids: Collection[int] = ()) -> None:
         self.config = engine
         self.vocab_size = config.vocab_size
         self.num_blocks = engine.num_kv_blocks or engine.sim_num_kv_blocks
         shape = (_SIM_LAYERS, self.num_blocks, 2, engine.block_size, _SIM_HEADS, _SIM_HEAD_DIM)
-        self.attention = _SimAttention(torch.zeros(shape, dtype=torch.float32))
-        self.block_bytes = self.attention.kv_cache[0, 0].numel() * self.attention.kv_cache.element_size()
+        self.kv_cache = torch.zeros(shape, dtype=torch.float32)
+        self.block_bytes = self.kv_cache[0, 0].numel() * self.kv_cache.element_size()
         # Tokens the simulation never emits (EOS and the like), so requests run to max_tokens as a real model's
         # long answers would, whatever ignore_eos says.
         self._allowed = torch.tensor([t for t in range(self.vocab_size) if t not in set(avoid_token_ids)])

@@ -1,6 +1,8 @@
 """The decode side: serve a request's tokens, after pulling its prompt's KV from a prefill worker when handed one.
 
-A failed or slow pull never loses the request: by policy it is recomputed here (the default) or failed.
+A failed or slow pull never loses the request: by policy it is recomputed here (the default) or
+failed. The hand-off's states on this side (RESERVED, PULLING, COMMITTED, PARKED) are drawn in
+services/engine/handoff.py.
 """
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
 
+from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.convert import output_to_proto
 from baton.services.worker.engine_loop import EngineLoop
@@ -35,6 +38,14 @@ class TransferFailed(RuntimeError):
     """The KV pull failed and the policy says fail: the caller gets UNAVAILABLE and may retry elsewhere."""
 
 
+@dataclass(frozen=True)
+class KVHandoff:
+    """What a decode worker gets with a prefilled request: where its KV is, and the first token."""
+    handle: pb.KVHandle
+    first_token_id: int
+    first_logprob: TokenLogprobs | None
+
+
 def peer_of(handle: pb.KVHandle) -> KVPeer:
     layout = handle.layout
     return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port,
@@ -51,20 +62,19 @@ class DecodeSide:
         self.metrics = metrics
         self._peers: dict[str, worker_pb2_grpc.WorkerStub] = {}
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-                       cache_salt: str | None, handoff: tuple[pb.KVHandle, int, TokenLogprobs | None] | None,
+    async def generate(self, request: EngineRequest, handoff: KVHandoff | None,
                        generated: list[int]) -> AsyncIterator[pb.GenerateResponse]:
         """Yields the request's outputs. Raises ValueError (bad request) or TransferFailed."""
+        request_id = request.request_id
         arrived = time.perf_counter()
         stream = self.loop.open_stream(request_id)
         finished = False
         try:
             kv_source, first = "local", None
             if handoff is None:
-                await self.loop.call(lambda e: e.add_request(request_id, prompt, params, priority=priority,
-                                                             cache_salt=cache_salt, output_token_ids=generated))
+                await self.loop.call(lambda e: e.submit(request, output_token_ids=generated))
             else:
-                kv_source, first = await self._receive(request_id, prompt, params, priority, cache_salt, *handoff)
+                kv_source, first = await self._receive(request, handoff)
             timer = _Timer(self.metrics, arrived)
             out = first if first is not None else await stream.get()
             while True:
@@ -78,13 +88,13 @@ class DecodeSide:
         finally:
             self.loop.close_stream(request_id)
             if not finished:  # the caller went away, or we failed: stop the work and free the blocks
-                self.loop.submit(lambda e: e.abort_request(request_id))
+                self.loop.submit(lambda e: e.abort(request_id))
 
-    async def _receive(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-                       cache_salt: str | None, handle: pb.KVHandle, first_token: int,
-                       first_logprob: TokenLogprobs | None) -> tuple[str, RequestOutput | None]:
+    async def _receive(self, request: EngineRequest,
+                       handoff: KVHandoff) -> tuple[str, RequestOutput | None]:
+        request_id, handle = request.request_id, handoff.handle
         await self._confirm_lease(handle)
-        reservation = await self._reserve(request_id, prompt, params, priority, cache_salt)
+        reservation = await self._reserve(request)
         try:
             if reservation is None:
                 raise KVTransferError(f"no free KV blocks within {self.config.transfer_timeout_seconds}s")
@@ -95,8 +105,9 @@ class DecodeSide:
                 await self._pull(request_id, handle, blocks, hits)
         except KVTransferError as e:
             await self._drop_reservation(request_id, e)
-            return await self._fall_back(request_id, prompt, params, priority, cache_salt, handle, e)
-        first = await self.loop.call(lambda e: e.commit_prefilled(request_id, first_token, first_logprob))
+            return await self._fall_back(request, handle, e)
+        first = await self.loop.call(lambda e: e.commit_prefilled(
+            request_id, handoff.first_token_id, handoff.first_logprob))
         return "transfer", first
 
     async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
@@ -107,17 +118,16 @@ class DecodeSide:
             delay = self.config.lease_seconds + self.config.transfer_timeout_seconds
             log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read", request_id,
                         delay)
-            key = await self.loop.call(lambda e: e.park_reserved(request_id))
-            asyncio.get_running_loop().call_later(delay, lambda: self.loop.submit(lambda e: e.release_kv(key)))
+            ticket = await self.loop.call(lambda e: e.park_reserved(request_id))
+            asyncio.get_running_loop().call_later(
+                delay, lambda: self.loop.submit(lambda e: e.release_parked(ticket)))
             return
         await self.loop.call(lambda e: e.release_kv(request_id))
 
-    async def _reserve(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-                       cache_salt: str | None) -> tuple[list[int], int] | None:
+    async def _reserve(self, request: EngineRequest) -> tuple[list[int], int] | None:
         deadline = time.monotonic() + self.config.transfer_timeout_seconds
         while True:
-            reservation = await self.loop.call(lambda e: e.reserve_prefilled(
-                request_id, prompt, params, priority=priority, cache_salt=cache_salt))
+            reservation = await self.loop.call(lambda e: e.reserve_prefilled(request))
             if reservation is not None or time.monotonic() > deadline:
                 return reservation
             await asyncio.sleep(RESERVE_RETRY_SECONDS)
@@ -136,9 +146,9 @@ class DecodeSide:
         await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local, request_id.encode(),
                                 self.config.transfer_timeout_seconds)
 
-    async def _fall_back(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-                         cache_salt: str | None, handle: pb.KVHandle,
+    async def _fall_back(self, request: EngineRequest, handle: pb.KVHandle,
                          error: KVTransferError) -> tuple[str, RequestOutput | None]:
+        request_id = request.request_id
         policy = self.config.transfer_failure_policy
         self.metrics.kv_fallbacks.labels(self.metrics.model_name, policy).inc()
         log.warning("request %s: KV pull from %s failed (%s); policy: %s", request_id, handle.worker_address,
@@ -146,8 +156,7 @@ class DecodeSide:
         asyncio.ensure_future(self._release_remote(handle))
         if policy == "fail":
             raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
-        await self.loop.call(lambda e: e.add_request(request_id, prompt, params, priority=priority,
-                                                     cache_salt=cache_salt))
+        await self.loop.call(lambda e: e.submit(request))
         return "recompute", None
 
     def _peer(self, address: str) -> worker_pb2_grpc.WorkerStub:

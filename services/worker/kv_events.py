@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from baton.services.engine.block_manager import BlockEvent
+from baton.services.engine.llm_engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class KVEventLog:
             for kind, block_hash in events:
                 self._last += 1
                 self._events.append(KVEvent(self._last, kind, block_hash))
+
+    def drain(self, engine: LLMEngine) -> None:
+        """Moves the engine's new block events into the log: the one place they are drained (on the
+        engine thread)."""
+        events = engine.drain_block_events()
+        if events:
+            self.extend(events)
 
     def since(self, after: int) -> tuple[list[KVEvent], bool]:
         """Events with sequence > after, and whether some of those were already dropped (a gap)."""

@@ -1,5 +1,9 @@
 """Leases on a prefill worker's held KV blocks: granted at prefill, extended by the decode side's heartbeats,
-ended by its release notice or by expiry (so a dead decode worker never pins blocks for long)."""
+ended by its release notice or by expiry (so a dead decode worker never pins blocks for long).
+
+A lease is the hand-off's clock only: the engine owns the blocks (HELD in
+services/engine/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells
+the worker to release them there."""
 from __future__ import annotations
 
 import time
@@ -9,7 +13,6 @@ from dataclasses import dataclass
 @dataclass
 class Lease:
     request_id: str
-    block_ids: list[int]
     expires_at: float  # time.time() seconds
 
 
@@ -21,8 +24,8 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def grant(self, request_id: str, block_ids: list[int]) -> Lease:
-        lease = Lease(request_id, list(block_ids), time.time() + self.lease_seconds)
+    def grant(self, request_id: str) -> Lease:
+        lease = Lease(request_id, time.time() + self.lease_seconds)
         self._leases[request_id] = lease
         return lease
 

@@ -1,14 +1,13 @@
 """The prefill side of the hand-off: run the prompt, sample the first token, hold the blocks under a lease, and
-free them on the decode worker's notice or at expiry."""
+free them on the decode worker's notice or at expiry (the states: services/engine/handoff.py)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import replace
 
-from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.handoff import EngineRequest, HeldKV
 from baton.services.engine.outputs import RequestOutput
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.convert import logprob_to_proto, prompt_logprobs_to_proto, set_stop_reason
 from baton.services.worker.engine_loop import EngineLoop
@@ -36,23 +35,23 @@ class PrefillSide:
         self.address = address
         self.leases = LeaseTable(config.lease_seconds)
 
-    async def prefill(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-                      cache_salt: str | None) -> pb.PrefillResponse:
+    async def prefill(self, request: EngineRequest) -> pb.PrefillResponse:
         """Raises ValueError for requests the engine refuses."""
-        one = replace(params, max_tokens=1)
+        request_id = request.request_id
+        one = replace(request, params=replace(request.params, max_tokens=1))
         stream = self.loop.open_stream(request_id)
         try:
-            await self.loop.call(lambda e: e.add_request(request_id, prompt, one, priority=priority,
-                                                         cache_salt=cache_salt, hold_kv=True))
+            await self.loop.call(lambda e: e.submit(one, hold_kv=True))
             out = await stream.get()
         except asyncio.CancelledError:
-            self.loop.submit(lambda e: e.abort_request(request_id))
+            self.loop.submit(lambda e: e.abort(request_id))
             raise
         finally:
             self.loop.close_stream(request_id)
-        return await self._respond(request_id, out, params)
+        return await self._respond(request, out)
 
-    async def _respond(self, request_id: str, out: RequestOutput, params: SamplingParams) -> pb.PrefillResponse:
+    async def _respond(self, request: EngineRequest, out: RequestOutput) -> pb.PrefillResponse:
+        request_id = request.request_id
         response = pb.PrefillResponse(first_token_id=out.token_ids[0], num_cached_tokens=out.num_cached_tokens)
         if out.logprobs:
             response.first_logprob.CopyFrom(logprob_to_proto(out.logprobs[0]))
@@ -60,19 +59,19 @@ class PrefillSide:
             response.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
         # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the caller's own
         # max_tokens=1 is, and then nothing is handed off.
-        if out.finish_reason != "length" or params.max_tokens == 1:
+        if out.finish_reason != "length" or request.params.max_tokens == 1:
             await self.loop.call(lambda e: e.release_kv(request_id))
             response.finish_reason, response.text = out.finish_reason or "", out.text
             set_stop_reason(response, out.stop_reason)
             return response
-        blocks, hashes = await self.loop.call(lambda e: _held_blocks(e, request_id))
-        lease = self.leases.grant(request_id, blocks)
+        held: HeldKV = await self.loop.call(lambda e: e.held_kv(request_id))
+        lease = self.leases.grant(request_id)
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
-        response.kv_handle.CopyFrom(self._handle(request_id, blocks, hashes, len(out.prompt_token_ids),
-                                                 lease.expires_at))
+        response.kv_handle.CopyFrom(
+            self._handle(request_id, held, len(out.prompt_token_ids), lease.expires_at))
         return response
 
-    def _handle(self, request_id: str, blocks: list[int], hashes: list[int], num_tokens: int,
+    def _handle(self, request_id: str, held: HeldKV, num_tokens: int,
                 expires_at: float) -> pb.KVHandle:
         peer = self.transport.local_peer()
         layout = peer.layout
@@ -82,15 +81,19 @@ class PrefillSide:
             layout=pb.KVLayout(num_layers=layout.num_layers, num_blocks=layout.num_blocks,
                                block_size=layout.block_size, block_nbytes=layout.block_nbytes,
                                base_address=layout.base_address, dtype=layout.dtype),
-            block_ids=blocks, num_tokens=num_tokens, expires_at_unix_ms=int(expires_at * 1000),
-            block_hashes=hashes)
+            block_ids=held.block_ids, num_tokens=num_tokens,
+            expires_at_unix_ms=int(expires_at * 1000), block_hashes=held.block_hashes)
 
-    def leased_blocks(self, request_id: str, block_ids: list[int]) -> list[int]:
+    async def leased_blocks(self, request_id: str, block_ids: list[int]) -> list[int]:
         """The blocks of a live lease that a pull asks for; raises UnknownHandle otherwise."""
-        lease = self.leases.get(request_id)
-        if lease is None:
-            raise UnknownHandle(f"no live KV lease for request {request_id!r} (released, expired or never granted)")
-        stray = set(block_ids) - set(lease.block_ids)
+        gone = UnknownHandle(f"no live KV lease for request {request_id!r} "
+                             "(released, expired or never granted)")
+        if self.leases.get(request_id) is None:
+            raise gone
+        held = await self.loop.call(lambda e: e.held_kv(request_id))
+        if held is None:
+            raise gone
+        stray = set(block_ids) - set(held.block_ids)
         if stray:
             raise UnknownHandle(f"blocks {sorted(stray)} are not part of request {request_id!r}'s lease")
         return block_ids
@@ -121,9 +124,3 @@ class PrefillSide:
             for request_id in self.leases.take_expired():
                 await self._free(request_id, expired=True)
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
-
-
-def _held_blocks(engine: LLMEngine, request_id: str) -> tuple[list[int], list[int]]:
-    seq = engine.held[request_id]
-    full = seq.num_prompt_tokens // engine.blocks.block_size
-    return list(seq.block_ids), seq.full_block_hashes(engine.blocks.block_size, engine.model_id)[:full]

@@ -33,7 +33,7 @@ SERVICE_NAME = "baton.v1.Worker"
 async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     setup_tracing(f"baton-worker-{config.role}")
     engine = LLMEngine(engine_config)
-    engine.blocks.record_events = True
+    engine.record_block_events()
     server = grpc.aio.server()
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     host = config.advertise_host or config.host
@@ -42,12 +42,13 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine))
     metrics = WorkerMetrics(registry, engine.model_id)
-    transport = make_transport(config.kv_transport, engine.runner.attention.kv_cache, name=f"baton-{worker_id}",
-                               host=host, port=port if config.kv_transport == "grpc" else config.kv_port or port + 1,
-                               registry=registry, ucx_tls=config.kv_ucx_tls)
+    kv_port = port if config.kv_transport == "grpc" else config.kv_port or port + 1
+    transport = make_transport(config.kv_transport, engine.kv_cache, name=f"baton-{worker_id}",
+                               host=host, port=kv_port, registry=registry,
+                               ucx_tls=config.kv_ucx_tls)
     loop = EngineLoop(engine, asyncio.get_running_loop())
     events = KVEventLog(config.kv_event_buffer)
-    loop.after_step.append(lambda e: _publish_events(e, events))
+    loop.after_step.append(events.drain)
     prefill = PrefillSide(config, loop, transport, metrics, worker_id, address)
     decode = DecodeSide(config, loop, transport, metrics)
     servicer = WorkerServicer(config, engine, loop, prefill, decode, events, worker_id)
@@ -65,7 +66,7 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     registration = None
     if config.router:
         registration = asyncio.ensure_future(keep_registered(
-            config.router, worker_id, address, config.role, engine.model_id, engine.blocks.block_size))
+            config.router, worker_id, address, config.role, engine.model_id, engine.block_size))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -99,9 +100,3 @@ async def _drain(config: WorkerConfig, servicer: WorkerServicer, health_servicer
         log.warning("drain grace of %ss ran out with %d requests in flight", config.drain_grace_seconds,
                     servicer.in_flight)
     await prefill.release_all()
-
-
-def _publish_events(engine: LLMEngine, events: KVEventLog) -> None:
-    if engine.blocks.events:
-        pending, engine.blocks.events = engine.blocks.events, []
-        events.extend(pending)

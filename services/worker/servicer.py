@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 from opentelemetry import propagate, trace
 
+from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.convert import logprob_from_proto, params_from_proto
-from baton.services.worker.decode import DecodeSide, HandleNotFound, TransferFailed
+from baton.services.worker.decode import DecodeSide, HandleNotFound, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
 from baton.services.worker.kv_transfer.base import KVTransferError
@@ -66,6 +67,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                 f"prompt has {len(prompt)} tokens; at most {MAX_PROMPT_TOKENS} are accepted")
         return meta.request_id or f"req-{uuid.uuid4().hex}"
 
+    @staticmethod
+    def _request(request_id: str, meta: pb.RequestMeta, prompt: list[int],
+                 params: pb.SamplingParams) -> EngineRequest:
+        return EngineRequest(request_id, prompt, params_from_proto(params), meta.priority,
+                             meta.cache_salt or None)
+
     def _enter(self) -> None:
         self.in_flight += 1
         self.idle.clear()
@@ -83,8 +90,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             with tracer.start_as_current_span("prefill", context=_trace_context(context),
                                               attributes={"baton.request_id": request_id,
                                                           "baton.prompt_tokens": len(prompt)}):
-                return await self.prefill_side.prefill(request_id, prompt, params_from_proto(request.params),
-                                                       request.meta.priority, request.meta.cache_salt or None)
+                return await self.prefill_side.prefill(
+                    self._request(request_id, request.meta, prompt, request.params))
         except ValueError as e:
             log.info("request %s: prefill refused: %s", request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -98,15 +105,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         handoff = None
         if request.HasField("kv_handle"):
             first_lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
-            handoff = (request.kv_handle, request.first_token_id, first_lp)
+            handoff = KVHandoff(request.kv_handle, request.first_token_id, first_lp)
         self._enter()
         try:
             with tracer.start_as_current_span("decode", context=_trace_context(context),
                                               attributes={"baton.request_id": request_id,
                                                           "baton.handoff": handoff is not None}):
                 async for message in self.decode_side.generate(
-                        request_id, prompt, params_from_proto(request.params), request.meta.priority,
-                        request.meta.cache_salt or None, handoff, list(request.output_token_ids)):
+                        self._request(request_id, request.meta, prompt, request.params), handoff,
+                        list(request.output_token_ids)):
                     yield message
         except ValueError as e:
             log.info("request %s: generate refused: %s", request_id, e)
@@ -122,13 +129,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         rid = request.request_id
         leased = await self.prefill_side.release(rid)
-
-        def abort(e: LLMEngine) -> bool:
-            found = rid in e.seqs or rid in e.held or rid in e.reserved
-            e.abort_request(rid)
-            return found
-
-        return pb.AbortResponse(found=await self.loop.call(abort) or leased)
+        return pb.AbortResponse(found=await self.loop.call(lambda e: e.abort(rid)) or leased)
 
     async def UpdateLease(self, request: pb.UpdateLeaseRequest,
                           context: grpc.aio.ServicerContext) -> pb.UpdateLeaseResponse:
@@ -144,7 +145,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if transport.name != "grpc":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this worker moves KV with {transport.name}")
         try:
-            blocks = self.prefill_side.leased_blocks(request.request_id, list(request.block_ids))
+            blocks = await self.prefill_side.leased_blocks(request.request_id,
+                                                           list(request.block_ids))
             chunks = transport.stream_blocks(blocks)
         except UnknownHandle as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
@@ -156,21 +158,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         transport.record_notification(request.request_id.encode())
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.WorkerStats:
-        e = self.engine
-        fit = e.counters.decode_cost.fit()
-        rows, context_tokens = e.decode_load()
+        s = self.engine.stats()
+        fit = s.decode_fit
         decode = {} if fit is None else dict(
             decode_step_ms_base=fit.base_s * 1e3, decode_step_ms_per_sequence=fit.per_sequence_s * 1e3,
             decode_step_ms_per_ktoken=fit.per_token_s * 1e6, decode_step_samples=fit.samples)
         return pb.WorkerStats(
-            decode_rows=rows, decode_context_tokens=context_tokens, **decode,
+            decode_rows=s.decode_rows, decode_context_tokens=s.decode_context_tokens, **decode,
             worker_id=self.worker_id, role=ROLES[self.config.role], timestamp_unix_ms=int(time.time() * 1000),
-            num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
-            kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks, kv_blocks_total=e.blocks.num_blocks,
-            prefill_tokens_queued=e.scheduler.prefill_tokens_queued(),
-            recent_step_ms=[s * 1000 for s in list(e.counters.recent_step_seconds)],
-            num_leases=len(self.prefill_side.leases), draining=self.draining, block_size=e.blocks.block_size,
-            model=e.model_id, prefill_tokens_per_s=e.counters.prefill_tokens_per_s() or 0.0)
+            num_running=s.num_running, num_waiting=s.num_waiting,
+            kv_blocks_used=s.kv_blocks_total - s.kv_blocks_free, kv_blocks_total=s.kv_blocks_total,
+            prefill_tokens_queued=s.prefill_tokens_queued,
+            recent_step_ms=[t * 1000 for t in s.recent_step_seconds],
+            num_leases=len(self.prefill_side.leases), draining=self.draining,
+            block_size=self.engine.block_size, model=self.engine.model_id,
+            prefill_tokens_per_s=s.prefill_tokens_per_s or 0.0)
 
     async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVEventBatch]:
@@ -188,10 +190,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetKVSnapshot(self, request: pb.GetKVSnapshotRequest,
                             context: grpc.aio.ServicerContext) -> pb.KVSnapshot:
         def snapshot(e: LLMEngine) -> tuple[int, list[int]]:
-            self.events.extend(e.blocks.events)
-            e.blocks.events = []
-            return self.events.last_sequence, list(e.blocks.cached)
+            self.events.drain(e)  # so that the sequence number covers every hash in the snapshot
+            return self.events.last_sequence, e.cached_block_hashes()
 
         sequence, hashes = await self.loop.call(snapshot)
         return pb.KVSnapshot(worker_id=self.worker_id, sequence=sequence, block_hashes=hashes,
-                             block_size=self.engine.blocks.block_size)
+                             block_size=self.engine.block_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.sampling_params import SamplingParams
 from tests.engine.engine_helpers import greedy, random_prompts
@@ -15,9 +16,9 @@ def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int], 
     first = None
     while first is None:
         first = next((o for o in prefill.step() if o.request_id == rid and o.finished), None)
-    src = prefill.held[rid].block_ids
-    dst, hits = decode.reserve_prefilled(rid, prompt, params)
-    decode.runner.attention.kv_cache[:, dst[hits:]] = prefill.runner.attention.kv_cache[:, src[hits:]]
+    src = prefill.held_kv(rid).block_ids
+    dst, hits = decode.reserve_prefilled(EngineRequest(rid, prompt, params))
+    decode.kv_cache[:, dst[hits:]] = prefill.kv_cache[:, src[hits:]]
     assert prefill.release_kv(rid)
     out = decode.commit_prefilled(rid, first.token_ids[0])
     while not out.finished:
@@ -36,7 +37,7 @@ def test_handoff_matches_one_engine(tiny_model_dirs, temperature):
     assert got == [o.token_ids for o in colocated]
     for engine in (prefill, decode):
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
-        assert not engine.seqs and not engine.held and not engine.reserved
+        assert not engine.seqs and len(engine.handoffs) == 0
 
 
 def test_receiver_skips_blocks_it_already_caches(tiny_model_dirs):
@@ -45,7 +46,7 @@ def test_receiver_skips_blocks_it_already_caches(tiny_model_dirs):
     shared = random_prompts(1, 500, seed=9, min_len=64, max_len=64)[0]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     handoff(prefill, decode, "a", shared + [1, 2, 3], params)
-    _, hits = decode.reserve_prefilled("b", shared + [7, 8, 9, 10], params)
+    _, hits = decode.reserve_prefilled(EngineRequest("b", shared + [7, 8, 9, 10], params))
     assert hits == 64 // decode.blocks.block_size
     decode.abort_request("b")
     assert decode.blocks.num_free_blocks == decode.blocks.num_blocks
@@ -72,13 +73,13 @@ def test_parked_reservation_keeps_its_blocks_until_released(tiny_model_dirs):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     prompt = list(range(5, 45))
-    blocks, _ = engine.reserve_prefilled("r", prompt, params)
-    key = engine.park_reserved("r")
+    blocks, _ = engine.reserve_prefilled(EngineRequest("r", prompt, params))
+    ticket = engine.park_reserved("r")
     engine.add_request("r", prompt, params)
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks - len(blocks)
-    assert engine.release_kv(key)
+    assert engine.release_parked(ticket) and not engine.release_parked(ticket)
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
