@@ -65,6 +65,22 @@ def stop_reason_of(message: pb.GenerateResponse | pb.PrefillResponse) -> int | s
     return None if which is None else getattr(message, which)
 
 
+def prefill_to_proto(out: RequestOutput, kv_handle: pb.KVHandle | None) -> pb.PrefillResponse:
+    """The first token; then the handle to go on with, or how the answer ended at prefill."""
+    response = pb.PrefillResponse(first_token_id=out.token_ids[0],
+                                  num_cached_tokens=out.num_cached_tokens)
+    if out.logprobs:
+        response.first_logprob.CopyFrom(logprob_to_proto(out.logprobs[0]))
+    if out.prompt_logprobs is not None:
+        response.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
+    if kv_handle is None:
+        response.finish_reason, response.text = out.finish_reason or "", out.text
+        set_stop_reason(response, out.stop_reason)
+    else:
+        response.kv_handle.CopyFrom(kv_handle)
+    return response
+
+
 def output_to_proto(out: RequestOutput, kv_source: str) -> pb.GenerateResponse:
     message = pb.GenerateResponse(
         token_ids=out.new_token_ids, text=out.new_text, finished=out.finished, finish_reason=out.finish_reason or "",

@@ -18,7 +18,6 @@ from opentelemetry import trace
 from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.convert import output_to_proto
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport
 from baton.services.worker.metrics import WorkerMetrics
@@ -46,6 +45,13 @@ class KVHandoff:
     first_logprob: TokenLogprobs | None
 
 
+@dataclass(frozen=True)
+class Served:
+    """One output of a request on this worker, and where its prompt's KV came from."""
+    output: RequestOutput
+    kv_source: str  # "local", "transfer" or "recompute"
+
+
 def peer_of(handle: pb.KVHandle) -> KVPeer:
     layout = handle.layout
     return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port,
@@ -63,7 +69,7 @@ class DecodeSide:
         self._peers: dict[str, worker_pb2_grpc.WorkerStub] = {}
 
     async def generate(self, request: EngineRequest, handoff: KVHandoff | None,
-                       generated: list[int]) -> AsyncIterator[pb.GenerateResponse]:
+                       generated: list[int]) -> AsyncIterator[Served]:
         """Yields the request's outputs. Raises ValueError (bad request) or TransferFailed."""
         request_id = request.request_id
         arrived = time.perf_counter()
@@ -79,7 +85,7 @@ class DecodeSide:
             out = first if first is not None else await stream.get()
             while True:
                 timer.token()
-                yield output_to_proto(out, kv_source)
+                yield Served(out, kv_source)
                 if out.finished:
                     finished = True
                     timer.done(out.finish_reason or "")

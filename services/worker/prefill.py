@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from baton.services.engine.handoff import EngineRequest, HeldKV
 from baton.services.engine.outputs import RequestOutput
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.convert import logprob_to_proto, prompt_logprobs_to_proto, set_stop_reason
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVTransport
 from baton.services.worker.leases import LeaseTable
@@ -24,6 +23,14 @@ class UnknownHandle(LookupError):
     """A KV handle that names no live lease (never granted, released, or expired): NOT_FOUND."""
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """A prefill's outcome: its one output, and the KV handle when the answer goes on elsewhere
+    (None when it ended here)."""
+    output: RequestOutput
+    kv_handle: pb.KVHandle | None
+
+
 class PrefillSide:
     def __init__(self, config: WorkerConfig, loop: EngineLoop, transport: KVTransport, metrics: WorkerMetrics,
                  worker_id: str, address: str) -> None:
@@ -35,7 +42,7 @@ class PrefillSide:
         self.address = address
         self.leases = LeaseTable(config.lease_seconds)
 
-    async def prefill(self, request: EngineRequest) -> pb.PrefillResponse:
+    async def prefill(self, request: EngineRequest) -> Prefilled:
         """Raises ValueError for requests the engine refuses."""
         request_id = request.request_id
         one = replace(request, params=replace(request.params, max_tokens=1))
@@ -50,26 +57,18 @@ class PrefillSide:
             self.loop.close_stream(request_id)
         return await self._respond(request, out)
 
-    async def _respond(self, request: EngineRequest, out: RequestOutput) -> pb.PrefillResponse:
+    async def _respond(self, request: EngineRequest, out: RequestOutput) -> Prefilled:
         request_id = request.request_id
-        response = pb.PrefillResponse(first_token_id=out.token_ids[0], num_cached_tokens=out.num_cached_tokens)
-        if out.logprobs:
-            response.first_logprob.CopyFrom(logprob_to_proto(out.logprobs[0]))
-        if out.prompt_logprobs is not None:
-            response.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
         # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the caller's own
         # max_tokens=1 is, and then nothing is handed off.
         if out.finish_reason != "length" or request.params.max_tokens == 1:
             await self.loop.call(lambda e: e.release_kv(request_id))
-            response.finish_reason, response.text = out.finish_reason or "", out.text
-            set_stop_reason(response, out.stop_reason)
-            return response
+            return Prefilled(out, None)
         held: HeldKV = await self.loop.call(lambda e: e.held_kv(request_id))
         lease = self.leases.grant(request_id)
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
-        response.kv_handle.CopyFrom(
-            self._handle(request_id, held, len(out.prompt_token_ids), lease.expires_at))
-        return response
+        return Prefilled(out, self._handle(request_id, held, len(out.prompt_token_ids),
+                                           lease.expires_at))
 
     def _handle(self, request_id: str, held: HeldKV, num_tokens: int,
                 expires_at: float) -> pb.KVHandle:

@@ -15,7 +15,8 @@ from opentelemetry import propagate, trace
 from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.convert import logprob_from_proto, params_from_proto
+from baton.services.worker.convert import (logprob_from_proto, output_to_proto, params_from_proto,
+                                           prefill_to_proto)
 from baton.services.worker.decode import DecodeSide, HandleNotFound, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
@@ -90,8 +91,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             with tracer.start_as_current_span("prefill", context=_trace_context(context),
                                               attributes={"baton.request_id": request_id,
                                                           "baton.prompt_tokens": len(prompt)}):
-                return await self.prefill_side.prefill(
+                done = await self.prefill_side.prefill(
                     self._request(request_id, request.meta, prompt, request.params))
+                return prefill_to_proto(done.output, done.kv_handle)
         except ValueError as e:
             log.info("request %s: prefill refused: %s", request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -111,10 +113,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             with tracer.start_as_current_span("decode", context=_trace_context(context),
                                               attributes={"baton.request_id": request_id,
                                                           "baton.handoff": handoff is not None}):
-                async for message in self.decode_side.generate(
+                async for served in self.decode_side.generate(
                         self._request(request_id, request.meta, prompt, request.params), handoff,
                         list(request.output_token_ids)):
-                    yield message
+                    yield output_to_proto(served.output, served.kv_source)
         except ValueError as e:
             log.info("request %s: generate refused: %s", request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
