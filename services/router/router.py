@@ -350,14 +350,17 @@ class Router:
         for w in self._workers.values():
             if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids), req.max_tokens)):
                 tpot[w.worker_id] = t
-        limit = slo * self.config.tpot_slo_headroom if slo is not None else math.inf
+        # Decode batches fill from whoever comes first, so sheddable requests stop joining sooner: the batch's
+        # last rows stay for the rest, as the router queue keeps its places for them.
+        headroom = self.config.sheddable_tpot_slo_headroom if req.priority < 0 else self.config.tpot_slo_headroom
+        limit = slo * headroom if slo is not None else math.inf
         workers = [w for w in self._workers.values() if tpot.get(w.worker_id, 0.0) <= limit]
         if tpot and not any(w.role is not Role.PREFILL for w in workers):
             best = min(tpot.values())
             refusal = self._reject(req.request_id, RejectReason.TPOT_SLO,
                                    f"predicted time per output token {best * 1e3:.1f}ms on the least loaded decode "
-                                   f"worker exceeds the SLO of {slo * 1e3:.1f}ms less "
-                                   f"{1 - self.config.tpot_slo_headroom:.0%} headroom", best * req.max_tokens)
+                                   f"worker exceeds the SLO of {slo * 1e3:.1f}ms less {1 - headroom:.0%} headroom",
+                                   best * req.max_tokens)
             return workers, tpot, refusal
         return workers, tpot, None
 

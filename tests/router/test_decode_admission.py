@@ -45,6 +45,17 @@ def test_decode_worker_whose_batch_would_miss_the_tpot_slo_is_passed_over_then_r
     assert isinstance(router.place(PlaceRequest("c", SHORT, max_tokens=16)), Placement)
 
 
+def test_sheddable_requests_stop_joining_a_decode_batch_sooner():
+    router, clock, _, _ = make_router()
+    add(router, clock, "d0")
+    router.on_stats(decode_stats("d0", clock(), rows=20))  # 31 ms with one more row
+    # 31 ms is within 80% of a 50 ms SLO but not within the sheddable 60%.
+    shed = router.place(PlaceRequest("s", SHORT, max_tokens=16, tpot_slo_s=0.05, priority=-1))
+    assert shed.reason is RejectReason.TPOT_SLO and "less 40% headroom" in shed.message
+    assert isinstance(router.place(PlaceRequest("a", SHORT, max_tokens=16, tpot_slo_s=0.05)), Placement)
+    assert isinstance(router.place(PlaceRequest("b", SHORT, max_tokens=16, tpot_slo_s=0.05, priority=1)), Placement)
+
+
 def test_default_tpot_slo_and_workers_without_a_fit():
     router, clock, _, _ = make_router(default_tpot_slo_s=0.02)
     add(router, clock, "d0")  # no fit reported yet: nothing to refuse on
