@@ -77,6 +77,9 @@ class RouterConfig(BatonSettings, PluginSettings):
     sheddable_tpot_slo_headroom: float = Field(
         0.6, gt=0, le=1, description="The same share for sheddable (negative-priority) requests: lower, so they stop "
                                      "joining a decode batch before it is full and leave its last rows to the rest")
+    critical_tpot_slo_headroom: float = Field(
+        0.9, gt=0, le=1, description="The same share for critical (positive-priority) requests: higher, so they still "
+                                     "join a decode batch that standard requests no longer may")
     reservation_grace_s: float = Field(
         0.5, ge=0, description="A placement keeps counting on its worker until a stats report taken this long after "
                                "it (the request needs that long to reach the worker and show in its stats)")

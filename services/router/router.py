@@ -350,9 +350,9 @@ class Router:
         for w in self._workers.values():
             if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids), req.max_tokens)):
                 tpot[w.worker_id] = t
-        # Decode batches fill from whoever comes first, so sheddable requests stop joining sooner: the batch's
-        # last rows stay for the rest, as the router queue keeps its places for them.
-        headroom = self.config.sheddable_tpot_slo_headroom if req.priority < 0 else self.config.tpot_slo_headroom
+        # Decode batches fill from whoever comes first, so lower priorities stop joining sooner: a batch's last
+        # rows stay for the higher ones, as the router queue serves them first.
+        headroom = self._tpot_headroom(req.priority)
         limit = slo * headroom if slo is not None else math.inf
         workers = [w for w in self._workers.values() if tpot.get(w.worker_id, 0.0) <= limit]
         if tpot and not any(w.role is not Role.PREFILL for w in workers):
@@ -363,6 +363,11 @@ class Router:
                                    best * req.max_tokens)
             return workers, tpot, refusal
         return workers, tpot, None
+
+    def _tpot_headroom(self, priority: int) -> float:
+        c = self.config
+        return c.sheddable_tpot_slo_headroom if priority < 0 else \
+            c.critical_tpot_slo_headroom if priority > 0 else c.tpot_slo_headroom
 
     def _plan(self, pending: _Pending, now: float) -> _Plan | Rejection | None:
         req = pending.request
