@@ -66,8 +66,10 @@ def slo_priority(tenants: list[TenantLoad] | None) -> int:
 async def run_tenants(url: str, model: str, tenants: list[TenantLoad], spec: WorkloadSpec, rate: float,
                       duration_s: float, drain_timeout_s: float) -> dict[str, RunResult]:
     """Every tenant's open-loop stream at its share of `rate`, all at once against the same gateway."""
+    band = {p: i for i, p in enumerate(sorted({t.priority for t in tenants}))}
+
     async def one(i: int, tenant: TenantLoad) -> RunResult:
-        sizes = iter_requests(dataclasses.replace(spec, seed=spec.seed + tenant.priority * TENANT_SEED_STRIDE))
+        sizes = iter_requests(dataclasses.replace(spec, seed=spec.seed + band[tenant.priority] * TENANT_SEED_STRIDE))
         times = gamma_arrivals(rate * tenant.share, duration_s, 1.0, spec.seed + (i + 1) * TENANT_SEED_STRIDE + 1)
         plan = schedule(times, sizes)
         return await run_open_loop(Target(url, model, tenant.key), plan, duration_s, drain_timeout_s, False)
