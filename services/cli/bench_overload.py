@@ -9,7 +9,8 @@ the real CPU model; `--engine model` runs the checkpoint itself.
 
 Per run it prints what the issue asks for: goodput (answered within both SLOs, per second of sending), attainment,
 refusals with their latency from the client's send to its receipt of the 429/503, and late admissions (answered
-requests whose TTFT or TPOT missed its SLO).
+requests whose TTFT or TPOT missed its SLO). With `--tenants` the load comes from API-key tenants at different
+priorities (bench_overload_tenants.py) and every run prints a row per tenant.
 """
 from __future__ import annotations
 
