@@ -1,6 +1,6 @@
-"""Benchmarks and simulators live in baton.loadtest (bench/, sim/), not in the service packages: a service
-package holds no module named like one, and imports none of them except the simulated runner that
-`--engine sim` plugs into the engine in place of the model."""
+"""Benchmarks and simulators live in baton.loadtest (bench/, sim/), not in the service packages:
+a service package holds no module named like one, and imports none of them except the simulated
+runner that `--engine sim` plugs into the engine in place of the model."""
 from __future__ import annotations
 
 import ast
@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_PACKAGES = ("gateway", "router", "worker", "engine", "common")
-BENCH_OR_SIM_NAME = re.compile(r"(^|_)(bench|benchmark|sim|simulator|replay|overload|loopback)(_|$)")
-# The one simulator a service may import: the engine's stand-in for ModelRunner behind `--engine sim`.
+BENCH_OR_SIM_NAME = re.compile(
+    r"(^|_)(bench|benchmark|sim|simulator|replay|overload|loopback)(_|$)")
+# The one simulator a service may import: the engine's stand-in for ModelRunner (`--engine sim`).
 ALLOWED_IMPORTS = {"baton.loadtest.sim.runner"}
 
 

@@ -1,6 +1,7 @@
-"""Every setting of every service does something: each field of each settings class (those documented in
-docs/configuration.md) is read, as an attribute, somewhere in services/, operators/ or loadtest/ outside the
-class that declares it (and its bases). A field only declared is a flag that silently does nothing."""
+"""Every setting of every service does something: each field of each settings class (those in
+docs/configuration.md) is read, as an attribute, somewhere in services/, operators/ or loadtest/
+outside the class that declares it (and its bases). A field only declared is a flag that silently
+does nothing."""
 from __future__ import annotations
 
 import ast
@@ -26,7 +27,7 @@ def _settings_classes() -> list[type]:
 
 def _attributes_read(exclude: set[tuple[Path, str]],
                      folders: tuple[Path, ...] = tuple(ROOT / d for d in SOURCE_DIRS)) -> set[str]:
-    """Names read as `x.name` under `folders`, outside the (file, class name) bodies in `exclude`."""
+    """Names read as `x.name` under `folders`, outside the (file, class) bodies in `exclude`."""
     names: set[str] = set()
     for folder in folders:
         for path in folder.rglob("*.py"):
@@ -56,7 +57,8 @@ def test_every_setting_is_read_outside_its_class(cls: type) -> None:
 
 def test_a_field_read_only_inside_its_class_counts_as_unread(tmp_path: Path) -> None:
     source = tmp_path / "config.py"
-    source.write_text("class C:\n    def f(self):\n        return self.inside\n\n\nprint(c.outside)\n")
+    source.write_text("class C:\n    def f(self):\n        return self.inside\n\n\n"
+                      "print(c.outside)\n")
     read = _attributes_read({(source.resolve(), "C")}, (tmp_path,))
     assert "outside" in read and "inside" not in read
     assert "enforce_eager" in _attributes_read(set())

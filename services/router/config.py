@@ -33,8 +33,8 @@ class ScorerWeight(BaseModel):
 
 
 def parse_scorers(value: Any) -> Any:
-    """`name:weight,...` (a flag, a BATON_SCORERS variable, or a string in a plugin file) as a list of
-    entries; a list (of mappings or of `name:weight` strings) passes through for pydantic to validate."""
+    """`name:weight,...` (a flag, a BATON_SCORERS variable, or a string in a plugin file) as a
+    list of entries; a list (of mappings or of `name:weight` strings) passes through to pydantic."""
     if isinstance(value, str):
         value = [item for item in value.split(",") if item.strip()]
     if not isinstance(value, list):

@@ -49,14 +49,16 @@ def test_the_router_builds_the_named_scorers_with_their_weights():
     router = Router(RouterConfig(scorers="queued_prefill_tokens:3,prefix_overlap:0.5"))
     built = [(s.name, s.weight) for s in router._decode_picker.scorers]
     assert built == [("queued_prefill_tokens", 3.0), ("prefix_overlap", 0.5)]
-    assert router._decode_picker.scorers[0].saturation_tokens == RouterConfig().saturation_queued_prefill_tokens
+    saturation = RouterConfig().saturation_queued_prefill_tokens
+    assert router._decode_picker.scorers[0].saturation_tokens == saturation
 
 
 def test_plugin_file_overrides_a_subset(tmp_path):
     path = tmp_path / "plugins.yaml"
     path.write_text("sticky_queued_prefill_tokens: 100\n")
     settings = load_plugin_settings(path, PluginSettings(scorers="prefix_overlap:3"))
-    assert (weights(settings), settings.sticky_queued_prefill_tokens) == ({"prefix_overlap": 3.0}, 100)
+    assert weights(settings) == {"prefix_overlap": 3.0}
+    assert settings.sticky_queued_prefill_tokens == 100
     path.write_text("scorers:\n- {name: kv_utilization, weight: 0.5}\n- prefix_overlap:1\n")
     settings = load_plugin_settings(path, PluginSettings(sticky_queued_prefill_tokens=7))
     assert (weights(settings), settings.sticky_queued_prefill_tokens) == (

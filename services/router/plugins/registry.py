@@ -1,6 +1,6 @@
-"""Plugins by name, as llm-d's scheduler configures them: a scorer or filter class registers itself under its
-`name`, and the router builds its weighted scorer list from `RouterConfig.scorers` (`name:weight,...`), so a
-new scorer is one class with a decorator and nothing else to wire."""
+"""Plugins by name, as llm-d's scheduler configures them: a scorer or filter class registers itself
+under its `name`, and the router builds its weighted scorer list from `RouterConfig.scorers`
+(`name:weight,...`), so a new scorer is one class with a decorator and nothing else to wire."""
 from __future__ import annotations
 
 from typing import TypeVar
@@ -45,5 +45,6 @@ def filter_class(name: str) -> type[Filter]:
 
 
 def _load_builtins() -> None:
-    # Importing the modules runs their decorators; deferred so the config can validate names without a cycle.
+    # Importing the modules runs their decorators; deferred so the config can validate names
+    # without an import cycle.
     from baton.services.router.plugins import filters, scorers  # noqa: F401
