@@ -58,9 +58,10 @@ class PluginSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
     scorers: Annotated[list[ScorerWeight], NoDecode] = Field(
-        DEFAULT_SCORERS, description="Weighted scorers, name:weight,... (registered names: prefix_overlap, "
-                                     "kv_utilization, queued_prefill_tokens, inflight_requests); weight 0 or "
-                                     "leaving one out turns it off. A plugin file may give a YAML list instead")
+        DEFAULT_SCORERS,
+        description="Weighted scorers, name:weight,... (registered names: prefix_overlap, "
+                    "kv_utilization, queued_prefill_tokens, inflight_requests); weight 0 or leaving "
+                    "one out turns it off. A plugin file may give a YAML list instead")
     sticky_queued_prefill_tokens: int = Field(
         4096, ge=0, description="Queued prompt tokens past which a cache-warm worker stops attracting its prefix")
     sticky_inflight_requests: int = Field(

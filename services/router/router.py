@@ -151,7 +151,8 @@ class Router:
 
     def apply_plugin_settings(self, settings: PluginSettings) -> None:
         """Swaps in new scorer weights and affinity thresholds; decisions already made are unaffected."""
-        scorers = [scorer_class(entry.name).from_config(entry.weight, self.config) for entry in settings.scorers]
+        scorers = [scorer_class(entry.name).from_config(entry.weight, self.config)
+                   for entry in settings.scorers]
         sticky = StickyPolicy(settings.sticky_queued_prefill_tokens, settings.sticky_inflight_requests,
                               settings.sticky_min_cached_fraction)
         tol = self.config.tie_tolerance

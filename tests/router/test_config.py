@@ -37,7 +37,8 @@ def test_scorers_from_the_environment(monkeypatch):
     assert weights(RouterConfig()) == {"inflight_requests": 3.0, "prefix_overlap": 0.5}
 
 
-@pytest.mark.parametrize("text", ["bogus:1", "prefix_overlap", "prefix_overlap:-1", "prefix_overlap:x",
+@pytest.mark.parametrize("text", ["bogus:1", "prefix_overlap", "prefix_overlap:-1",
+                                  "prefix_overlap:x",
                                   "kv_utilization:1,kv_utilization:2"])
 def test_bad_scorer_lists_are_refused(text):
     with pytest.raises(ValueError):
@@ -83,7 +84,8 @@ def test_watcher_reloads_on_change_and_keeps_last_good(tmp_path):
     assert watcher.poll() is None  # unchanged
     path.write_text("{not json")
     os.utime(path, ns=(1, 1))
-    assert watcher.poll() is None and watcher.last_error and weights(watcher.current) == {"prefix_overlap": 5}
+    assert watcher.poll() is None and watcher.last_error
+    assert weights(watcher.current) == {"prefix_overlap": 5}
     path.write_text(json.dumps({"scorers": "prefix_overlap:6"}))
     os.utime(path, ns=(2, 2))
     assert weights(watcher.poll()) == {"prefix_overlap": 6} and watcher.last_error is None

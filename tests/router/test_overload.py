@@ -1,5 +1,6 @@
-"""Overload in virtual time (loadtest/sim/overload.py): at 3x capacity, admission control keeps goodput near
-the 1x level by refusing at once, while without it the queue makes nearly every request late."""
+"""Overload in virtual time (loadtest/sim/overload.py): at 3x capacity, admission control keeps
+goodput near the 1x level by refusing at once, while without it the queue makes nearly every
+request late."""
 from __future__ import annotations
 
 import pytest
