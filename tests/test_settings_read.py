@@ -5,24 +5,15 @@ does nothing."""
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 from pathlib import Path
 
 import pytest
 
-from baton.services.common.config_docs import SETTINGS
+from baton.services.common.config_docs import SETTINGS, settings_class
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("services", "operators", "loadtest")
-
-
-def _settings_classes() -> list[type]:
-    classes = []
-    for _, path in SETTINGS:
-        module, name = path.split(":")
-        classes.append(getattr(importlib.import_module(module), name))
-    return classes
 
 
 def _attributes_read(exclude: set[tuple[Path, str]],
@@ -48,7 +39,8 @@ def _declaring_classes(cls: type) -> set[tuple[Path, str]]:
             if base.__module__.startswith("baton.") and hasattr(base, "model_fields")}
 
 
-@pytest.mark.parametrize("cls", _settings_classes(), ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("cls", [settings_class(path) for _, path in SETTINGS],
+                         ids=lambda cls: cls.__name__)
 def test_every_setting_is_read_outside_its_class(cls: type) -> None:
     read = _attributes_read(_declaring_classes(cls))
     unread = [name for name in cls.model_fields if name not in read]

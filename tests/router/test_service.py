@@ -11,8 +11,9 @@ import pytest
 
 from baton.v1 import router_pb2 as rpb
 
-from .service_cluster import (RouterClient, generate_on, launch_router, launch_sim_worker, stop_all,
-                              wait_for, worker_id_of)
+from tests.launcher import launch_router, launch_sim_worker, stop_all, wait_for
+
+from .grpc_clients import RouterClient, generate_on, worker_id_of
 
 SCORERS = "scorers:\n- {name: prefix_overlap, weight: %s}\n- {name: kv_utilization, weight: 1}\n"
 CONFIG_ON = SCORERS % 2.0
