@@ -2,8 +2,8 @@
 
 - `start_stack`: the whole stack (workers, router, gateway), started as `baton serve` starts it.
 - `start_workers`: engine workers alone, one per role, for the worker tests.
-- `launch_sim_worker` / `launch_router`: simulated workers and routers side by side, not yet ready
-  (the caller waits), for the router service tests.
+- `launch_sim_worker` / `launch_router` / `launch_gateway`: single services started side by side,
+  not yet ready (the caller waits), for the router service, tracing and migration tests.
 Plus what every caller needs around them: metric scrapes, stopping, waiting for a condition."""
 from __future__ import annotations
 
@@ -150,22 +150,34 @@ def start_workers(model: Path, roles: Sequence[str], transport: str = "nixl",
 # -- routers and simulated workers ----------------------------------------------------------------
 
 
-def launch_sim_worker(name: str, *extra: str) -> tuple[ServiceProcess, str]:
+def launch_sim_worker(name: str, *extra: str, role: str = "mixed",
+                      env: dict[str, str] | None = None) -> tuple[ServiceProcess, str]:
     """The process and the address it will serve on (known before it is ready, so routers can
     start beside it)."""
     port = free_port()
-    args = ["worker", "--engine", "sim", "--role", "mixed", "--port", str(port),
+    args = ["worker", "--engine", "sim", "--role", role, "--port", str(port),
             "--kv-transport", "grpc", "--num-kv-blocks", str(SIM_BLOCKS), *extra]
-    return launch_service(name, args, env=ONE_THREAD), f"127.0.0.1:{port}"
+    return launch_service(name, args, env={**ONE_THREAD, **(env or {})}), f"127.0.0.1:{port}"
 
 
-def launch_router(name: str, *extra: str) -> tuple[ServiceProcess, int]:
+def launch_router(name: str, *extra: str,
+                  env: dict[str, str] | None = None) -> tuple[ServiceProcess, int]:
     """The process and its metrics port; the router serves SIM_MODEL and polls quickly."""
     metrics_port = free_port()
     args = ["router", "--port", str(free_port()), "--model", SIM_MODEL,
             "--metrics-port", str(metrics_port), "--stats-poll-interval-s", "0.1",
             "--tick-interval-s", "0.1", *extra]
-    return launch_service(name, args), metrics_port
+    return launch_service(name, args, env=env), metrics_port
+
+
+def launch_gateway(name: str, router_address: str, *extra: str,
+                   env: dict[str, str] | None = None) -> tuple[ServiceProcess, int]:
+    """The process and its HTTP port; no API keys unless `extra` names a keys file."""
+    port = free_port()
+    auth = [] if any(a.startswith("--api-keys-file") for a in extra) else ["--no-auth"]
+    args = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--router", router_address,
+            *auth, *extra]
+    return launch_service(name, args, env=env), port
 
 
 # -- stopping and waiting -------------------------------------------------------------------------

@@ -8,8 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from baton.services.common.process import free_port, launch_service
-from tests.launcher import Stack, start_stack
+from tests.launcher import Stack, launch_gateway, start_stack
 
 STREAMS = 16
 TOKENS = 120
@@ -25,10 +24,9 @@ def stack(model):
 
 @pytest.fixture(scope="module")
 def no_migration_url(stack, model):
-    port = free_port()
-    gateway = launch_service("gateway-no-migration", [
-        "gateway", "--port", str(port), "--router", stack.router.address, "--model", str(model),
-        "--no-auth", "--max-migrations", "0"]).wait_ready()
+    gateway, port = launch_gateway("gateway-no-migration", stack.router.address,
+                                   "--model", str(model), "--max-migrations", "0")
+    gateway.wait_ready()
     yield f"http://127.0.0.1:{port}/v1"
     gateway.terminate()
 
