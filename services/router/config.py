@@ -26,7 +26,8 @@ class ScorerWeight(BaseModel):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        # Deferred: the plugins import this module's RouterConfig for their type hints.
+        # Imported here: the registry loads the plugins and the router's worker state, which
+        # importing the config (the docs generator, the operator's tests) should not pay for.
         from baton.services.router.plugins.registry import scorer_class
         scorer_class(name)
         return name

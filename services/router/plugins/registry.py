@@ -45,6 +45,6 @@ def filter_class(name: str) -> type[Filter]:
 
 
 def _load_builtins() -> None:
-    # Importing the modules runs their decorators; deferred so the config can validate names
-    # without an import cycle.
+    # Importing the modules runs their decorators; here rather than at the top because they
+    # import this module for those decorators.
     from baton.services.router.plugins import filters, scorers  # noqa: F401
