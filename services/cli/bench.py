@@ -14,6 +14,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from baton.loadtest.bench.throughput import (EngineShape, ThroughputResult, format_table,
+                                             kv_blocks_for, machine_info, report, run_baton, run_hf,
+                                             special_token_ids, warmup_workload)
 from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import Request, random_workload, shared_prefix_workload, summarize, trace_workload
 from baton.services.cli import bench_decode_step, bench_isolation, bench_overload
@@ -21,9 +24,6 @@ from baton.services.cli.bench_gateway import register as register_gateway
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
 from baton.services.cli.bench_router import register as register_router
 from baton.services.common.settings import add_settings_arguments, settings_from_args
-from baton.services.engine.bench_throughput import (EngineShape, ThroughputResult, format_table, kv_blocks_for,
-                                                    machine_info, report, run_baton, run_hf, special_token_ids,
-                                                    warmup_workload)
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine

@@ -22,13 +22,13 @@ import os
 import tempfile
 from pathlib import Path
 
+from baton.loadtest.bench.throughput import machine_info
 from baton.loadtest.client import Target
 from baton.loadtest.scenarios import WorkloadSpec
 from baton.loadtest.session import LoadTest
 from baton.loadtest.stats import SLO, percentiles
 from baton.services.cli import bench_overload_tenants as mix
 from baton.services.common.process import ServiceProcess, free_port, launch_service
-from baton.services.engine.bench_throughput import machine_info
 
 UNBOUNDED = "100000"  # "off": a queue size and age no run reaches
 SIM_COST = ("--sim-step-base-seconds", "--sim-decode-seconds-per-sequence", "--sim-prefill-tokens-per-second")

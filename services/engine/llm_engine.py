@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from baton.loadtest.sim.runner import SimulatedRunner
 from baton.services.engine.block_manager import BlockManager
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.decode_cost import DecodeCostModel
@@ -20,7 +21,6 @@ from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.sampling_params import SamplingParams
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
-from baton.services.engine.sim_runner import SimulatedRunner
 from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer
 from baton.services.engine.structured.masks import MaskBuilder
 from baton.services.engine.structured.matcher import GrammarState

@@ -28,8 +28,7 @@ from baton.services.router.metrics import RouterMetrics, WorkerLoadRow
 from baton.services.router.plugins.base import SchedulingRequest
 from baton.services.router.plugins.filters import default_filters
 from baton.services.router.plugins.picker import Picker, StickyPolicy
-from baton.services.router.plugins.scorers import (InFlightRequestsScorer, KVUtilizationScorer,
-                                                   PrefixOverlapScorer, QueuedPrefillTokensScorer)
+from baton.services.router.plugins.registry import scorer_class
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.tpot_predictor import decode_join_wait_s, predict_tpot_s
@@ -152,14 +151,8 @@ class Router:
 
     def apply_plugin_settings(self, settings: PluginSettings) -> None:
         """Swaps in new scorer weights and affinity thresholds; decisions already made are unaffected."""
-        age = self.config.stats_max_age_s
-        scorers = [
-            PrefixOverlapScorer(settings.prefix_overlap_weight),
-            KVUtilizationScorer(settings.kv_utilization_weight, age),
-            QueuedPrefillTokensScorer(settings.queued_prefill_tokens_weight, age,
-                                      self.config.saturation_queued_prefill_tokens),
-            InFlightRequestsScorer(settings.inflight_requests_weight, age, self.config.saturation_inflight_requests),
-        ]
+        scorers = [scorer_class(entry.name).from_config(entry.weight, self.config)
+                   for entry in settings.scorers]
         sticky = StickyPolicy(settings.sticky_queued_prefill_tokens, settings.sticky_inflight_requests,
                               settings.sticky_min_cached_fraction)
         tol = self.config.tie_tolerance

@@ -15,10 +15,10 @@ import random
 import time
 from dataclasses import dataclass
 
+from baton.loadtest.sim.replay import T0, Replay, ReplayRequest, quantile
 from baton.services.engine.config import EngineConfig
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import Rejection
-from baton.services.router.replay import T0, Replay, ReplayRequest, quantile
 from baton.services.router.router import Outcome
 
 
