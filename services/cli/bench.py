@@ -28,8 +28,8 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.models.loader import load_config
-from baton.services.engine.sampling_params import StructuredOutput
-from baton.services.engine.structured.spec import check_structured
+from baton.services.common.sampling_params import StructuredOutput
+from baton.services.common.structured_spec import check_structured
 from baton.services.engine.tiny_model import embedded_model_path
 
 # The default workload is the headline benchmark: inputs uniform in [32, 256], outputs in [16, 256].

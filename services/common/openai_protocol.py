@@ -21,8 +21,8 @@ from baton.services.common.structured_request import (ResponseFormat, Structured
 from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
                                                message_with_calls)
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.

@@ -15,9 +15,9 @@ from baton.services.engine.decode_cost import DecodeCostModel
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.models.loader import context_length, load_config
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.sampler import sample, skip_draws
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.sim_runner import SimulatedRunner

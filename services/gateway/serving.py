@@ -17,7 +17,7 @@ from baton.services.gateway.choices import ChoiceState, ChunkWriter, sse
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
 from baton.services.gateway.tenants import Tenant
-from baton.services.worker.convert import params_to_proto
+from baton.services.common.convert import params_to_proto
 
 if TYPE_CHECKING:
     from baton.services.gateway.app import Gateway

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.outputs import RequestOutput
+from baton.services.common.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from baton.services.engine.sampler import sample
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.sequence import Sequence
 
 EOS = frozenset({0})
