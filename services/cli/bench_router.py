@@ -191,7 +191,7 @@ def bench_replay(args: argparse.Namespace) -> list[dict]:
     from baton.loadtest.traces import read_trace
     from baton.loadtest.workloads import token_pool
     from baton.services.engine.config import EngineConfig
-    from baton.services.engine.tiny_model import embedded_model_path
+    from baton.services.checkpoints.tiny_model import embedded_model_path
     from baton.services.router.replay import Replay, build_requests, unlimited_cache_hit_ratio
 
     model_dir = embedded_model_path()

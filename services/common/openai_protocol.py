@@ -15,14 +15,14 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.prompt_scoring import parse_logit_bias, prompt_only, vllm_prompt_logprobs
+from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
 from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
                                                message_with_calls)
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
-from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.

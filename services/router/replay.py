@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from baton.loadtest.stats import prefix_reuse_bound
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import scaled_trace
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.common.sampling_params import SamplingParams
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import Rejection
 from baton.services.router.router import Outcome, Placement, PlaceRequest, Router

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
+from baton.services.common.convert import output_to_proto
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.worker.config import WorkerConfig
-from baton.services.common.convert import output_to_proto
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport
 from baton.services.worker.metrics import WorkerMetrics

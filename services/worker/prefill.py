@@ -6,11 +6,12 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from baton.services.engine.llm_engine import LLMEngine
+from baton.services.common.convert import (logprob_to_proto, prompt_logprobs_to_proto,
+                                           set_stop_reason)
 from baton.services.common.outputs import RequestOutput
 from baton.services.common.sampling_params import SamplingParams
+from baton.services.engine.llm_engine import LLMEngine
 from baton.services.worker.config import WorkerConfig
-from baton.services.common.convert import logprob_to_proto, prompt_logprobs_to_proto, set_stop_reason
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVTransport
 from baton.services.worker.leases import LeaseTable

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 from opentelemetry import propagate, trace
 
+from baton.services.common.convert import logprob_from_proto, params_from_proto
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.worker.config import WorkerConfig
-from baton.services.common.convert import logprob_from_proto, params_from_proto
 from baton.services.worker.decode import DecodeSide, HandleNotFound, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog

@@ -3,8 +3,8 @@ the 1x level by refusing at once, while without it the queue makes nearly every 
 from __future__ import annotations
 
 import pytest
+from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.tiny_model import embedded_model_path
 from baton.services.router.overload import OverloadCase, run_case
 
 SLO_S = 0.5

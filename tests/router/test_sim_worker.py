@@ -6,9 +6,9 @@ import pytest
 
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import token_pool
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.sim_runner import SimulatedRunner
 from baton.services.router.config import RouterConfig
 from baton.services.router.replay import Replay, build_requests, unlimited_cache_hit_ratio

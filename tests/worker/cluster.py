@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
+from baton.services.common.handoff_client import stream_tokens
 from baton.services.common.process import ServiceProcess, free_port, launch_service
-from baton.services.worker.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
 
