@@ -16,12 +16,12 @@ import random
 import time
 from pathlib import Path
 
+from baton.services.common.roles import Role
 from baton.services.engine.block_hash import block_hashes
 from baton.services.router.config import RouterConfig
 from baton.services.router.overload import bench_overload
 from baton.services.router.replay import quantile
 from baton.services.router.router import Placement, PlaceRequest, Router
-from baton.services.router.worker_state import Role
 
 GRPC_WORKERS = 4
 

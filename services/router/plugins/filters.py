@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from baton.services.common.roles import Role
 from baton.services.router.plugins.base import Filter, SchedulingRequest
-from baton.services.router.worker_state import Role, WorkerState
+from baton.services.router.worker_state import WorkerState
 
 
 class HealthFilter(Filter):
