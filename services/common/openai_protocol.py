@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Literal
 
 from jinja2 import TemplateError
@@ -398,14 +398,11 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     structured_field, structured = _structured_output(request)
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-        min_p=request.min_p, seed=request.seed, repetition_penalty=request.repetition_penalty,
-        frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
-        stop=request.stop, stop_token_ids=request.stop_token_ids,
-        include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
-        min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
-        logit_bias=logit_bias, prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
+    derived = dict(max_tokens=max_tokens, logprobs=logprobs, logit_bias=logit_bias,
+                   prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
+    # Every other sampling parameter is a request field of the same name and meaning, copied as sent.
+    params = SamplingParams(**derived, **{f.name: getattr(request, f.name) for f in fields(SamplingParams)
+                                          if f.name not in derived})
     try:
         params.validate(max_logprobs)
     except ValueError as e:
