@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from baton.loadtest.stats import prefix_reuse_bound
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import scaled_trace
+from baton.services.common.roles import Role
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import Rejection
 from baton.services.router.router import Outcome, Placement, PlaceRequest, Router
-from baton.services.router.worker_state import Role
 from baton.v1 import worker_pb2 as wpb
 
 POLICIES = ("prefix", "load", "round-robin")

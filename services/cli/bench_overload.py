@@ -176,8 +176,8 @@ def verdict(rows: list[dict], slo: SLO) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from baton.services.engine.models.loader import context_length, load_config
-    from baton.services.engine.tiny_model import embedded_model_path
+    from baton.services.common.model_config import context_length, load_config
+    from baton.services.checkpoints.tiny_model import embedded_model_path
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     model = str(Path(args.model) if args.model else embedded_model_path())

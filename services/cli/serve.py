@@ -102,7 +102,7 @@ def start_stack(args: argparse.Namespace, model: str, name: str, started: list[S
 
 
 def run(args: argparse.Namespace) -> int:
-    from baton.services.engine.tiny_model import embedded_model_path
+    from baton.services.checkpoints.tiny_model import embedded_model_path
 
     model = str(Path(args.model) if args.model else embedded_model_path())
     name = args.served_model_name or Path(model).name

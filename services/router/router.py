@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from baton.services.common.roles import Role
 from baton.services.engine.block_hash import block_hashes
 from baton.services.router.admission import Admission, AdmissionQueue, FairShare, RetryPolicy
 from baton.services.router.config import PluginSettings, RouterConfig
@@ -33,7 +34,8 @@ from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.tpot_predictor import decode_join_wait_s, predict_tpot_s
 from baton.services.router.ttft_predictor import TTFTPredictor
-from baton.services.router.worker_state import CircuitBreaker, LoadReport, Role, SaturationLimits, WorkerState
+from baton.services.router.worker_state import (CircuitBreaker, LoadReport, SaturationLimits,
+                                                WorkerState)
 
 
 @dataclass(frozen=True)

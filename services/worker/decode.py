@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.common.convert import output_to_proto
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.convert import output_to_proto
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport
+from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, KVTransport,
+                                                    layout_from_proto)
 from baton.services.worker.metrics import WorkerMetrics
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -36,10 +37,8 @@ class TransferFailed(RuntimeError):
 
 
 def peer_of(handle: pb.KVHandle) -> KVPeer:
-    layout = handle.layout
     return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port,
-                  KVLayout(layout.num_layers, layout.num_blocks, layout.block_size, layout.block_nbytes,
-                           layout.base_address, layout.dtype))
+                  layout_from_proto(handle.layout))
 
 
 class DecodeSide:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from baton.loadtest.sim.overload import OverloadCase, run_case
+from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.tiny_model import embedded_model_path
 
 SLO_S = 0.5
 

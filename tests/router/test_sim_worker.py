@@ -8,9 +8,9 @@ from baton.loadtest.sim.replay import Replay, build_requests, unlimited_cache_hi
 from baton.loadtest.sim.runner import SimulatedRunner
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import token_pool
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.router.config import RouterConfig
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from baton.services.common.roles import Role
 from baton.services.router.plugins.base import Filter, SchedulingRequest
 from baton.services.router.plugins.registry import filter_class, register_filter
-from baton.services.router.worker_state import Role, WorkerState
+from baton.services.router.worker_state import WorkerState
 
 
 @register_filter
