@@ -14,4 +14,5 @@ for root in ROOTS:
 packages.append("baton.v1")
 package_dir["baton.v1"] = "proto/baton/v1"
 
-setup(packages=packages, package_dir=package_dir, package_data={"baton.services.engine": ["assets/*"]})
+setup(packages=packages, package_dir=package_dir,
+      package_data={"baton.services.checkpoints": ["assets/*"]})

@@ -42,7 +42,7 @@ def completion_body(target: Target, prompt: list[int] | str, max_tokens: int) ->
     return body
 
 
-class _Stream:
+class StreamTimes:
     """Token arrival times of one streamed completion."""
 
     def __init__(self, sent: float) -> None:
@@ -96,7 +96,7 @@ async def send_completion(client: httpx.AsyncClient, target: Target, prompt: lis
     """Streams one completion from the target. start_s in the result is seconds since `origin` (perf_counter)."""
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     sent = time.perf_counter()
-    stream = _Stream(sent)
+    stream = StreamTimes(sent)
     try:
         async with client.stream("POST", f"{target.url.rstrip('/')}/completions", headers=headers,
                                  json=completion_body(target, prompt, max_tokens)) as response:

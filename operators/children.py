@@ -12,8 +12,11 @@ from baton.operators.workers import served_model_name
 
 Obj = dict[str, Any]
 KEYS_DIR = "/etc/baton/keys"
-# `baton router --prefix-overlap-weight`: least-loaded placement is prefix-aware placement blind to caches.
-POLICY_ARGS = {"prefix-aware": [], "least-loaded": ["--prefix-overlap-weight", "0"]}
+# `baton router --scorers`: least-loaded placement is prefix-aware placement blind to caches
+# (the default scorers with prefix_overlap weighted 0).
+LEAST_LOADED_SCORERS = ("prefix_overlap:0,kv_utilization:1,queued_prefill_tokens:1,"
+                        "inflight_requests:1")
+POLICY_ARGS = {"prefix-aware": [], "least-loaded": ["--scorers", LEAST_LOADED_SCORERS]}
 
 
 def router_url(name: str, settings: OperatorSettings) -> str:

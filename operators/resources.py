@@ -1,6 +1,8 @@
 """Names shared by the CRDs, the operator and the chart: API group, kinds, labels, annotations."""
 from __future__ import annotations
 
+from baton.services.common.roles import ROLE_NAMES
+
 GROUP = "serving.baton.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -10,7 +12,7 @@ DEPLOYMENT_PLURAL = "batondeployments"
 POOL_KIND = "WorkerPool"
 POOL_PLURAL = "workerpools"
 
-ROLES = ("prefill", "decode", "mixed")
+ROLES = ROLE_NAMES
 
 # Labels on every object the operator makes; the pool label is what the router and Prometheus select workers by.
 LABEL_NAME = "app.kubernetes.io/name"

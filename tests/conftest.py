@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.services.engine.tiny_model import ARCHS, TinyModelSpec, make_tiny_model
+from baton.services.checkpoints.tiny_model import ARCHS, TinyModelSpec, make_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baton.services.common.config_docs import SETTINGS, _load, render
+from baton.services.common.config_docs import SETTINGS, render, settings_class
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -13,6 +13,6 @@ def test_configuration_page_is_current():
 
 
 def test_every_setting_is_described():
-    missing = [f"{_load(p).__name__}.{n}" for _, p in SETTINGS for n, f in _load(p).model_fields.items()
+    missing = [f"{settings_class(p).__name__}.{n}" for _, p in SETTINGS for n, f in settings_class(p).model_fields.items()
                if not f.description]
     assert not missing, missing

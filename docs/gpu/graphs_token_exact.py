@@ -7,9 +7,9 @@ import sys
 
 import torch
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 
 model, out = sys.argv[1], sys.argv[2]
 rng = random.Random(0)

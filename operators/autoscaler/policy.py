@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal
 
+from baton.services.common.roles import Role, RoleName
+
 Direction = Literal["up", "down", "hold"]
 
 
@@ -68,7 +70,7 @@ class StepRules:
 
 @dataclass(frozen=True)
 class Policy:
-    role: Literal["prefill", "decode", "mixed"]
+    role: RoleName
     min_replicas: int
     max_replicas: int
     ttft_target_s: float | None = None  # the tightest TTFT target over priorities
@@ -161,9 +163,9 @@ def _decode_opinions(s: Signals, cur: int, p: Policy) -> list[Opinion | None]:
 def recommend(signals: Signals, cur: int, policy: Policy) -> Opinion | None:
     """The undamped replica count the signals ask for, with why; None when no signal is known."""
     opinions: list[Opinion | None] = []
-    if policy.role in ("prefill", "mixed"):
+    if Role.of(policy.role).serves(Role.PREFILL):
         opinions += _prefill_opinions(signals, cur, policy)
-    if policy.role in ("decode", "mixed"):
+    if Role.of(policy.role).serves(Role.DECODE):
         opinions += _decode_opinions(signals, cur, policy)
     if not opinions:
         return None

@@ -14,23 +14,23 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from baton.loadtest.bench.throughput import (EngineShape, ThroughputResult, format_table,
+                                             kv_blocks_for, machine_info, report, run_baton, run_hf,
+                                             special_token_ids, warmup_workload)
 from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import Request, random_workload, shared_prefix_workload, summarize, trace_workload
+from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.services.cli import bench_decode_step, bench_isolation, bench_overload
 from baton.services.cli.bench_gateway import register as register_gateway
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
 from baton.services.cli.bench_router import register as register_router
+from baton.services.common.model_config import load_config
+from baton.services.common.sampling_params import StructuredOutput
 from baton.services.common.settings import add_settings_arguments, settings_from_args
-from baton.services.engine.bench_throughput import (EngineShape, ThroughputResult, format_table, kv_blocks_for,
-                                                    machine_info, report, run_baton, run_hf, special_token_ids,
-                                                    warmup_workload)
+from baton.services.common.structured_spec import check_structured
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.models.loader import load_config
-from baton.services.engine.sampling_params import StructuredOutput
-from baton.services.engine.structured.spec import check_structured
-from baton.services.engine.tiny_model import embedded_model_path
 
 # The default workload is the headline benchmark: inputs uniform in [32, 256], outputs in [16, 256].
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, DEFAULT_RANGE_RATIO = 144, 136, (0.7778, 0.8824)

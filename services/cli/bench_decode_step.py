@@ -8,10 +8,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from baton.loadtest.bench.decode import (default_bandwidth_gbps, format_rows, kv_bytes_per_token,
+                                         measure, row_dict, weight_bytes_per_step)
+from baton.loadtest.bench.throughput import machine_info
 from baton.services.common.settings import add_settings_arguments, settings_from_args
-from baton.services.engine.bench_decode import (default_bandwidth_gbps, format_rows, kv_bytes_per_token, measure,
-                                                row_dict, weight_bytes_per_step)
-from baton.services.engine.bench_throughput import machine_info
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine

@@ -21,9 +21,9 @@ import socket
 import time
 from pathlib import Path
 
+from baton.loadtest.sim.replay import quantile
 from baton.services.cli.bench_router import _table
 from baton.services.common.process import ServiceProcess, free_port, launch_service
-from baton.services.router.replay import quantile
 
 _ZERO_STEP = ["--engine", "sim", "--sim-step-base-seconds", "0", "--sim-decode-seconds-per-sequence", "0",
               "--sim-prefill-tokens-per-second", "1e12"]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import grpc
 
+from baton.loadtest.bench.throughput import machine_info
+from baton.services.common.handoff_client import stream_tokens
 from baton.services.common.process import ServiceProcess, free_port, launch_service
-from baton.services.engine.bench_throughput import machine_info
-from baton.services.worker.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
 
@@ -98,7 +98,7 @@ def _start(mode: str, model: str, transport: str) -> dict[str, ServiceProcess]:
 
 
 def _bench_model(folder: str) -> str:
-    from baton.services.engine.tiny_model import TinyModelSpec, make_tiny_model
+    from baton.services.checkpoints.tiny_model import TinyModelSpec, make_tiny_model
 
     return str(make_tiny_model(Path(folder) / "bench", TinyModelSpec.preset("llama", "bench",
                                                                           max_position_embeddings=4096)))

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
+from baton.loadtest.bench.throughput import machine_info
 from baton.services.common.process import free_port
-from baton.services.engine.bench_throughput import machine_info
 from baton.services.worker.kv_transfer import KVTransport, make_transport
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
-from baton.services.worker.kv_transfer.loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 
 DEFAULT_SIZES = (1, 4, 16, 64, 256, 1024)
 TRANSPORTS = ("nixl", "grpc", "cuda_ipc")

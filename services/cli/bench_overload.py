@@ -9,7 +9,8 @@ the real CPU model; `--engine model` runs the checkpoint itself.
 
 Per run it prints what the issue asks for: goodput (answered within both SLOs, per second of sending), attainment,
 refusals with their latency from the client's send to its receipt of the 429/503, and late admissions (answered
-requests whose TTFT or TPOT missed its SLO).
+requests whose TTFT or TPOT missed its SLO). With `--tenants` the load comes from API-key tenants at different
+priorities (bench_overload_tenants.py) and every run prints a row per tenant.
 """
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ import asyncio
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
+from baton.loadtest.bench.throughput import machine_info
 from baton.loadtest.client import Target
 from baton.loadtest.scenarios import WorkloadSpec
 from baton.loadtest.session import LoadTest
 from baton.loadtest.stats import SLO, percentiles
+from baton.services.cli import bench_overload_tenants as mix
 from baton.services.common.process import ServiceProcess, free_port, launch_service
-from baton.services.engine.bench_throughput import machine_info
 
 UNBOUNDED = "100000"  # "off": a queue size and age no run reaches
 SIM_COST = ("--sim-step-base-seconds", "--sim-decode-seconds-per-sequence", "--sim-prefill-tokens-per-second")
@@ -49,6 +52,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-decode-seconds-per-sequence", type=float, default=0.004,
                    help="sim: cost of each decode row [0.004]")
     p.add_argument("--sim-prefill-tokens-per-second", type=float, default=20000.0, help="sim: prefill rate [20000]")
+    p.add_argument("--tenants", default=None,
+                   help="mixed workload: API-key tenants NAME:PRIORITY:SHARE,... (negative priority is sheddable) "
+                        f"or a preset ({', '.join(f'{k} = {v}' for k, v in mix.PRESETS.items())}); rows per tenant "
+                        "[default: one tenant, no API keys]")
     p.add_argument("--kv-transport", choices=("nixl", "grpc"), default="grpc")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", type=Path, default=None)
@@ -64,9 +71,11 @@ def _worker_args(args: argparse.Namespace, model: str, role: str) -> list[str]:
             *engine]
 
 
-def start_stack(args: argparse.Namespace, model: str, admission: bool, services: list[ServiceProcess]) -> str:
-    """A prefill and a decode worker (one torch thread each), the router and the gateway; returns the API URL.
-    Each service goes to the front of `services`, the order to stop them in."""
+def start_stack(args: argparse.Namespace, model: str, admission: bool, services: list[ServiceProcess],
+                keys_file: Path | None = None) -> str:
+    """A prefill and a decode worker (one torch thread each), the router and the gateway (serving the tenants of
+    `keys_file`, or everyone without a key); returns the API URL. Each service goes to the front of `services`, the
+    order to stop them in."""
     workers = []
     for role in ("prefill", "decode"):
         workers.append(launch_service(f"{role}-worker", _worker_args(args, model, role),
@@ -80,10 +89,11 @@ def start_stack(args: argparse.Namespace, model: str, admission: bool, services:
     services.insert(0, router)
     router.wait_ready()
     port = free_port()
-    slos = f"0={args.slo_ttft_ms:g}/{args.slo_tpot_ms:g}" if admission else ""
+    slos = f"{mix.slo_priority(args.tenants)}={args.slo_ttft_ms:g}/{args.slo_tpot_ms:g}" if admission else ""
+    auth = ["--api-keys-file", str(keys_file)] if keys_file else ["--no-auth"]
     gateway = launch_service("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(port), "--router",
                                          router.address, "--model", model, "--served-model-name", "bench",
-                                         "--no-auth"], env={"BATON_SLOS": slos})
+                                         *auth], env={"BATON_SLOS": slos})
     services.insert(0, gateway)
     gateway.wait_ready()
     return f"http://127.0.0.1:{port}/v1"
@@ -105,22 +115,40 @@ def figures(point: dict, slo: SLO) -> dict:
                 refusal_max_ms=max(refusals) if refusals else None)
 
 
-def run_case(args: argparse.Namespace, model: str, load: float, admission: bool) -> dict:
+def _workload(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec("synthetic", args.vocab_size, input_len=args.input_len, output_len=args.output_len,
+                        max_len=args.max_len, seed=args.seed, avoid=args.avoid)
+
+
+def _tenant_rows(args: argparse.Namespace, url: str, rate: float, slo: SLO) -> list[dict]:
+    runs = asyncio.run(mix.run_tenants(url, "bench", args.tenants, _workload(args), rate, args.duration,
+                                       args.drain_timeout))
+    points = mix.tenant_points(runs, slo)
+    priority = {t.name: t.priority for t in args.tenants}
+    return [dict(tenant=name, priority=priority[name], **figures(point, slo), served_tokens=point["served_tokens"])
+            for name, point in points.items()]
+
+
+def run_case(args: argparse.Namespace, model: str, load: float, admission: bool) -> list[dict]:
+    """One fresh stack at one load: a row, or with --tenants a row per tenant."""
     services: list[ServiceProcess] = []
     load_avg = os.getloadavg()[0]  # other sessions share the machine: each row says how busy it was
-    try:
-        url = start_stack(args, model, admission, services)
-        spec = WorkloadSpec("synthetic", args.vocab_size, input_len=args.input_len, output_len=args.output_len,
-                            max_len=args.max_len, seed=args.seed, avoid=args.avoid)
-        slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms)
-        test = LoadTest(Target(url, "bench"), spec, args.duration, args.drain_timeout, rate=load * args.rate,
-                        slo=slo, show_progress=False)
-        point = asyncio.run(test.single())
-    finally:
-        for service in services:
-            service.terminate()
-    return dict(load=f"{load:g}x", rate=load * args.rate, admission="on" if admission else "off",
-                **figures(point, slo), load_avg=load_avg)
+    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms)
+    with tempfile.TemporaryDirectory(prefix="baton-bench-overload-") as tmp:
+        try:
+            keys = mix.write_keys_file(args.tenants, Path(tmp) / "keys.yaml") if args.tenants else None
+            url = start_stack(args, model, admission, services, keys)
+            if args.tenants:
+                rows = _tenant_rows(args, url, load * args.rate, slo)
+            else:
+                test = LoadTest(Target(url, "bench"), _workload(args), args.duration, args.drain_timeout,
+                                rate=load * args.rate, slo=slo, show_progress=False)
+                rows = [figures(asyncio.run(test.single()), slo)]
+        finally:
+            for service in services:
+                service.terminate()
+    head = dict(load=f"{load:g}x", rate=load * args.rate, admission="on" if admission else "off")
+    return [head | row | dict(load_avg=load_avg) for row in rows]
 
 
 def _cell(value: object) -> str:
@@ -148,27 +176,29 @@ def verdict(rows: list[dict], slo: SLO) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from baton.services.engine.models.loader import context_length, load_config
-    from baton.services.engine.tiny_model import embedded_model_path
+    from baton.services.common.model_config import context_length, load_config
+    from baton.services.checkpoints.tiny_model import embedded_model_path
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     model = str(Path(args.model) if args.model else embedded_model_path())
     tokenizer = AutoTokenizer.from_pretrained(model)
     args.vocab_size, args.avoid = len(tokenizer), tuple(tokenizer.all_special_ids)
     args.max_len = context_length(load_config(Path(model)))
+    args.tenants = mix.parse_tenants(args.tenants) if args.tenants else None
     cases = [(float(load), admission) for admission in ((True, False) if args.admission == "both" else
                                                         (args.admission == "on",))
              for load in args.loads.split(",")]
     rows = []
     for load, admission in cases:
-        rows.append(run_case(args, model, load, admission))
-        print(json.dumps(rows[-1]), flush=True)
-    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms)
+        for row in run_case(args, model, load, admission):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     columns = list(rows[0])
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
     for r in rows:
         print("| " + " | ".join(_cell(r[c]) for c in columns) + " |")
-    for line in verdict(rows, slo):
+    lines = mix.tenant_verdict(rows) if args.tenants else verdict(rows, SLO(args.slo_ttft_ms, args.slo_tpot_ms))
+    for line in lines:
         print(line)
     if args.output_json:
         info = machine_info()

@@ -4,7 +4,7 @@
   prompts of a given length, half of them sharing cached prefixes.
 - grpc: a `baton router` process over simulated worker processes, driven by concurrent Place + Release calls.
 - replay: the Mooncake trace through the router onto simulated workers with finite caches, in virtual time
-  (services/router/replay.py), per policy: prefix-aware, load-only and round-robin.
+  (loadtest/sim/replay.py), per policy: prefix-aware, load-only and round-robin.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import random
 import time
 from pathlib import Path
 
+from baton.loadtest.sim.overload import bench_overload
+from baton.loadtest.sim.replay import quantile
+from baton.services.common.roles import Role
 from baton.services.engine.block_hash import block_hashes
 from baton.services.router.config import RouterConfig
-from baton.services.router.overload import bench_overload
-from baton.services.router.replay import quantile
 from baton.services.router.router import Placement, PlaceRequest, Router
-from baton.services.router.worker_state import Role
 
 GRPC_WORKERS = 4
 
@@ -191,8 +191,8 @@ def bench_replay(args: argparse.Namespace) -> list[dict]:
     from baton.loadtest.traces import read_trace
     from baton.loadtest.workloads import token_pool
     from baton.services.engine.config import EngineConfig
-    from baton.services.engine.tiny_model import embedded_model_path
-    from baton.services.router.replay import Replay, build_requests, unlimited_cache_hit_ratio
+    from baton.loadtest.sim.replay import Replay, build_requests, unlimited_cache_hit_ratio
+    from baton.services.checkpoints.tiny_model import embedded_model_path
 
     model_dir = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

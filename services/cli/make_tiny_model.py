@@ -7,7 +7,8 @@ import sys
 
 from transformers.utils import logging as hf_logging
 
-from baton.services.engine.tiny_model import ARCHS, PRESETS, TinyModelSpec, count_parameters, make_tiny_model
+from baton.services.checkpoints.tiny_model import (ARCHS, PRESETS, TinyModelSpec, count_parameters,
+                                                   make_tiny_model)
 
 # Every spec field but these gets an override flag, so new size knobs reach the CLI without edits here.
 _NOT_SIZES = ("arch", "seed")

@@ -84,7 +84,7 @@ def _start_workers(args: argparse.Namespace, model: str, name: str,
     return [w.wait_ready() for w in workers]
 
 
-def _start_stack(args: argparse.Namespace, model: str, name: str, started: list[ServiceProcess]) -> None:
+def start_stack(args: argparse.Namespace, model: str, name: str, started: list[ServiceProcess]) -> None:
     """Starts every service in dependency order, each put at the front of `started` (the order to stop them),
     so a failure part-way still stops what did start."""
     workers = _start_workers(args, model, name, started)
@@ -102,7 +102,7 @@ def _start_stack(args: argparse.Namespace, model: str, name: str, started: list[
 
 
 def run(args: argparse.Namespace) -> int:
-    from baton.services.engine.tiny_model import embedded_model_path
+    from baton.services.checkpoints.tiny_model import embedded_model_path
 
     model = str(Path(args.model) if args.model else embedded_model_path())
     name = args.served_model_name or Path(model).name
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     services: list[ServiceProcess] = []
     try:
         try:
-            _start_stack(args, model, name, services)
+            start_stack(args, model, name, services)
         except ValueError as e:
             log.error("baton serve: %s", e)
             return 2

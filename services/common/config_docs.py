@@ -18,7 +18,8 @@ SETTINGS = (
 )
 
 
-def _load(path: str) -> type[BatonSettings]:
+def settings_class(path: str) -> type[BatonSettings]:
+    """The class a SETTINGS entry names ("module:Class")."""
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
 
@@ -33,7 +34,7 @@ def render() -> str:
              "variable, the variable over the default. This page is generated from the settings classes",
              "(`python -m baton.services.common.config_docs`); their field descriptions are the only source.", ""]
     for command, path in SETTINGS:
-        cls = _load(path)
+        cls = settings_class(path)
         lines += [f"## {command}: `{cls.__name__}`", "", "| flag | variable | default | meaning |", "|---|---|---|---|"]
         for name, field in cls.model_fields.items():
             flag = "--" + name.replace("_", "-")

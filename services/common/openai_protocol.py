@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Literal
 
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.prompt_scoring import parse_logit_bias, prompt_only, vllm_prompt_logprobs
+from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
 from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
                                                message_with_calls)
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.
@@ -398,14 +398,11 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     structured_field, structured = _structured_output(request)
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-        min_p=request.min_p, seed=request.seed, repetition_penalty=request.repetition_penalty,
-        frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
-        stop=request.stop, stop_token_ids=request.stop_token_ids,
-        include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
-        min_tokens=request.min_tokens, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
-        logit_bias=logit_bias, prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
+    derived = dict(max_tokens=max_tokens, logprobs=logprobs, logit_bias=logit_bias,
+                   prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
+    # Every other sampling parameter is a request field of the same name and meaning, copied as sent.
+    params = SamplingParams(**derived, **{f.name: getattr(request, f.name) for f in fields(SamplingParams)
+                                          if f.name not in derived})
     try:
         params.validate(max_logprobs)
     except ValueError as e:

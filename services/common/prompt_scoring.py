@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 
 MAX_BIAS = 100.0
 

@@ -49,7 +49,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
         choices = None
         if typing.get_origin(field.annotation) is typing.Literal:
             choices = list(typing.get_args(field.annotation))
-        is_list = typing.get_origin(kind) is list
+        # A list of scalars takes several words; a list of records (router scorers) is one
+        # string its field validator parses.
+        is_list = typing.get_origin(kind) is list and typing.get_args(kind)[0] in (str, int, float)
         group.add_argument(_flag(name), dest=name, default=argparse.SUPPRESS, help=help_text, choices=choices,
                            nargs="+" if is_list else None,
                            type=typing.get_args(kind)[0] if is_list else kind if kind in (int, float) else str)

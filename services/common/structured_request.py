@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from baton.services.engine.sampling_params import StructuredOutput
+from baton.services.common.sampling_params import StructuredOutput
 
 # The request fields that carry a structured-output constraint, in the order they are looked at.
 FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from baton.services.engine.sampling_params import StructuredOutput
+from baton.services.common.sampling_params import StructuredOutput
 
 # OpenAI's rule for function names.
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.common.sampling_params import SamplingParams
 
 # Prompt tokens given to the stream as context, so the first output token decodes as it would mid-text
 # (SentencePiece-style decoders strip a leading space at the very start of a text).

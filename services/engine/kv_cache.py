@@ -17,8 +17,8 @@ import psutil
 import torch
 from transformers import PretrainedConfig
 
+from baton.services.common.model_config import head_dim
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.models.loader import head_dim
 
 log = logging.getLogger(__name__)
 

@@ -9,19 +9,19 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from baton.loadtest.sim.runner import SimulatedRunner
+from baton.services.common.model_config import context_length, load_config
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.block_manager import BlockEvent, BlockManager
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.handoff import EngineRequest, HandoffTable, HeldKV
 from baton.services.engine.model_runner import ModelRunner
-from baton.services.engine.models.loader import context_length, load_config
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.sampler import sample, skip_draws
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
-from baton.services.engine.sim_runner import SimulatedRunner
 from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer
 from baton.services.engine.structured.masks import MaskBuilder
 from baton.services.engine.structured.matcher import GrammarState
@@ -115,7 +115,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None) -> None:
         """kv_blocks_wanted: without an explicit KV size, this many blocks as far as memory allows (benchmarks)."""
         if config.model is None:
-            from baton.services.engine.tiny_model import embedded_model_path
+            from baton.services.checkpoints.tiny_model import embedded_model_path
             config = config.model_copy(update={"model": str(embedded_model_path())})
         self.config = config
         if config.num_threads is not None:

@@ -9,11 +9,12 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
+from baton.services.common.model_config import head_dim
 from baton.services.engine import kv_cache
 from baton.services.engine.attention import Attention, AttentionMetadata, PrefillSpan, plan_torch
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
-from baton.services.engine.models.loader import head_dim, load_model
+from baton.services.engine.models.loader import load_model
 from baton.services.engine.prompt_logprobs import score_prompts
 from baton.services.engine.scheduler import ScheduledSeq
 
@@ -75,7 +76,6 @@ class ModelRunner:
         hidden = self.model(ids, positions, meta)
         if any(s.seq.wants_prompt_logprobs for s in packed):
             score_prompts(packed, hidden, self.model.compute_logits)
-        ends = torch.tensor([s.num_tokens for s in packed]).cumsum(0) - 1
         keep = [i for i, s in enumerate(packed) if s.samples]
         return [packed[i] for i in keep], self.model.compute_logits(hidden[sample_rows])
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, build_response, new_response_id,
                                                    parse_request, to_engine_input)
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.tool_parsers import parser_for_model
 from baton.services.engine.llm_engine import LLMEngine, keep_prompt_logprobs
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 
 log = logging.getLogger(__name__)
 

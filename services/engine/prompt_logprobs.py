@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from baton.services.engine.outputs import TokenLogprobs
+from baton.services.common.outputs import TokenLogprobs
 from baton.services.engine.scheduler import ScheduledSeq
 
 # Rows of logits materialised at once: a long chunk times a large vocabulary would not fit otherwise.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.services.engine.outputs import TokenLogprobs
+from baton.services.common.outputs import TokenLogprobs
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.structured.masks import BatchMasks
 

@@ -7,12 +7,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.services.common.convert import (logprob_from_proto, prompt_logprobs_from_proto,
+                                           stop_reason_of)
 from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIRequest,
                                                    TokenText, chat_logprob, completion_logprobs, echo_logprobs,
                                                    usage_body)
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.tool_parsers import ToolCallStream, ToolParser
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.worker.convert import logprob_from_proto, prompt_logprobs_from_proto, stop_reason_of
 from baton.v1 import worker_pb2 as pb
 
 

@@ -47,7 +47,6 @@ class GatewayConfig(BatonSettings):
         None, ge=1, description="Token rate limit (prompt + max_tokens) of the default tenant (unset: none)")
     max_migrations: int = Field(
         2, ge=0, description="How often a request may move to another decode worker after one dies mid-stream")
-    request_timeout_seconds: float = Field(600.0, gt=0, description="Longest a request may run end to end")
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = Field(
         "auto", description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "
                             "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), 'auto' "

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from baton.services.common.latency_buckets import E2E_BUCKETS
 from baton.services.gateway.config import SLO
-from baton.services.worker.metrics import E2E_BUCKETS
 
 # The SLO histograms: four buckets per doubling from 1 ms to 262 s. A quantile interpolated inside a bucket is then
 # off by at most 19% of its value and typically a few percent, where vLLM's buckets (kept on the workers, for its

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.services.worker.handoff_client import stream_tokens
+from baton.services.common.handoff_client import stream_tokens
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -10,22 +10,22 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
+from baton.services.common.model_config import context_length, load_config
 from baton.services.common.tool_parsers import parser_for_model
-from baton.services.engine.models.loader import context_length, load_config
+from baton.services.common.tracing import setup_tracing
 from baton.services.gateway.app import Gateway, create_app
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits import RateLimiter
 from baton.services.gateway.tenants import KeyStore
-from baton.services.common.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 
 
 def build_gateway(config: GatewayConfig) -> Gateway:
     if config.model is None:
-        from baton.services.engine.tiny_model import embedded_model_path
+        from baton.services.checkpoints.tiny_model import embedded_model_path
         config = config.model_copy(update={"model": str(embedded_model_path())})
     model_dir = Path(config.model)
     keys = None

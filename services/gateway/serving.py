@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import grpc
 from opentelemetry import propagate, trace
 
+from baton.services.common.convert import params_to_proto
 from baton.services.common.openai_protocol import EngineInput, OpenAIRequest, TokenText
 from baton.services.gateway.choices import ChoiceState, ChunkWriter, sse
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
 from baton.services.gateway.tenants import Tenant
-from baton.services.worker.convert import params_to_proto
 
 if TYPE_CHECKING:
     from baton.services.gateway.app import Gateway

@@ -1,6 +1,8 @@
 """Admission control: refuse early what cannot be served in time, queue the rest fairly while workers are full.
 
-- Priority is an integer; negative means sheddable (refused outright when every worker is saturated).
+- Priority is an integer; negative means sheddable (refused outright when every worker is saturated). On the
+  decode side (the router's TPOT check) each class has its own share of the TPOT SLO: sheddable requests stop
+  joining a decode batch first and critical (positive) ones last.
 - The queue is bounded in size and age. It serves the highest priority first; within a priority, the tenant that
   has been served the fewest tokens (start-time fair queueing over tokens, so one tenant's long prompts cannot
   crowd out another's short ones); within a tenant, the earliest deadline.

@@ -5,27 +5,72 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import NoDecode
 
 from baton.services.common.settings import BatonSettings
+
+DEFAULT_SCORERS = "prefix_overlap:2,kv_utilization:1,queued_prefill_tokens:1,inflight_requests:1"
+
+
+class ScorerWeight(BaseModel):
+    """One entry of the weighted scorer list: a registered scorer's name and its weight."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    weight: float = Field(ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        # Imported here: the registry loads the plugins and the router's worker state, which
+        # importing the config (the docs generator, the operator's tests) should not pay for.
+        from baton.services.router.plugins.registry import scorer_class
+        scorer_class(name)
+        return name
+
+
+def parse_scorers(value: Any) -> Any:
+    """`name:weight,...` (a flag, a BATON_SCORERS variable, or a string in a plugin file) as a
+    list of entries; a list (of mappings or of `name:weight` strings) passes through to pydantic."""
+    if isinstance(value, str):
+        value = [item for item in value.split(",") if item.strip()]
+    if not isinstance(value, list):
+        return value
+    entries = []
+    for item in value:
+        if isinstance(item, str):
+            name, sep, weight = item.partition(":")
+            if not sep:
+                raise ValueError(f"scorer {item.strip()!r}: expected name:weight")
+            item = {"name": name.strip(), "weight": weight.strip()}
+        entries.append(item)
+    names = [e.get("name") if isinstance(e, dict) else getattr(e, "name", None) for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"scorers: a name appears twice in {names}")
+    return entries
 
 
 class PluginSettings(BaseModel):
     """What a reload may change: scorer weights and the affinity thresholds. A file may set any subset."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
-    prefix_overlap_weight: float = Field(2.0, ge=0, description="Weight of the prefix-overlap scorer")
-    kv_utilization_weight: float = Field(1.0, ge=0, description="Weight of the KV-utilization scorer")
-    queued_prefill_tokens_weight: float = Field(1.0, ge=0, description="Weight of the queued-prefill-tokens scorer")
-    inflight_requests_weight: float = Field(1.0, ge=0, description="Weight of the in-flight-requests scorer")
+    scorers: Annotated[list[ScorerWeight], NoDecode] = Field(
+        DEFAULT_SCORERS,
+        description="Weighted scorers, name:weight,... (registered names: prefix_overlap, "
+                    "kv_utilization, queued_prefill_tokens, inflight_requests); weight 0 or leaving "
+                    "one out turns it off. A plugin file may give a YAML list instead")
     sticky_queued_prefill_tokens: int = Field(
         4096, ge=0, description="Queued prompt tokens past which a cache-warm worker stops attracting its prefix")
     sticky_inflight_requests: int = Field(
         32, ge=0, description="In-flight requests past which a cache-warm worker stops attracting its prefix")
     sticky_min_cached_fraction: float = Field(
         0.25, ge=0, le=1, description="Least share of the prompt a worker must hold for prefix affinity to apply")
+
+    _parse_scorers = field_validator("scorers", mode="before")(parse_scorers)
 
 
 class RouterConfig(BatonSettings, PluginSettings):
@@ -74,6 +119,12 @@ class RouterConfig(BatonSettings, PluginSettings):
     tpot_slo_headroom: float = Field(
         0.8, gt=0, le=1, description="Admit only requests whose predicted TPOT on a decode worker is within this "
                                      "share of their TPOT SLO")
+    sheddable_tpot_slo_headroom: float = Field(
+        0.6, gt=0, le=1, description="The same share for sheddable (negative-priority) requests: lower, so they stop "
+                                     "joining a decode batch before it is full and leave its last rows to the rest")
+    critical_tpot_slo_headroom: float = Field(
+        0.9, gt=0, le=1, description="The same share for critical (positive-priority) requests: higher, so they still "
+                                     "join a decode batch that standard requests no longer may")
     reservation_grace_s: float = Field(
         0.5, ge=0, description="A placement keeps counting on its worker until a stats report taken this long after "
                                "it (the request needs that long to reach the worker and show in its stats)")

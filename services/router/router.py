@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from baton.services.common.roles import Role
 from baton.services.engine.block_hash import block_hashes
 from baton.services.router.admission import Admission, AdmissionQueue, FairShare, RetryPolicy
 from baton.services.router.config import PluginSettings, RouterConfig
@@ -28,13 +29,13 @@ from baton.services.router.metrics import RouterMetrics, WorkerLoadRow
 from baton.services.router.plugins.base import SchedulingRequest
 from baton.services.router.plugins.filters import default_filters
 from baton.services.router.plugins.picker import Picker, StickyPolicy
-from baton.services.router.plugins.scorers import (InFlightRequestsScorer, KVUtilizationScorer,
-                                                   PrefixOverlapScorer, QueuedPrefillTokensScorer)
+from baton.services.router.plugins.registry import scorer_class
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.tpot_predictor import decode_join_wait_s, predict_tpot_s
 from baton.services.router.ttft_predictor import TTFTPredictor
-from baton.services.router.worker_state import CircuitBreaker, LoadReport, Role, SaturationLimits, WorkerState
+from baton.services.router.worker_state import (CircuitBreaker, LoadReport, SaturationLimits,
+                                                WorkerState)
 
 
 @dataclass(frozen=True)
@@ -152,14 +153,8 @@ class Router:
 
     def apply_plugin_settings(self, settings: PluginSettings) -> None:
         """Swaps in new scorer weights and affinity thresholds; decisions already made are unaffected."""
-        age = self.config.stats_max_age_s
-        scorers = [
-            PrefixOverlapScorer(settings.prefix_overlap_weight),
-            KVUtilizationScorer(settings.kv_utilization_weight, age),
-            QueuedPrefillTokensScorer(settings.queued_prefill_tokens_weight, age,
-                                      self.config.saturation_queued_prefill_tokens),
-            InFlightRequestsScorer(settings.inflight_requests_weight, age, self.config.saturation_inflight_requests),
-        ]
+        scorers = [scorer_class(entry.name).from_config(entry.weight, self.config)
+                   for entry in settings.scorers]
         sticky = StickyPolicy(settings.sticky_queued_prefill_tokens, settings.sticky_inflight_requests,
                               settings.sticky_min_cached_fraction)
         tol = self.config.tie_tolerance
@@ -350,16 +345,24 @@ class Router:
         for w in self._workers.values():
             if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids), req.max_tokens)):
                 tpot[w.worker_id] = t
-        limit = slo * self.config.tpot_slo_headroom if slo is not None else math.inf
+        # Decode batches fill from whoever comes first, so lower priorities stop joining sooner: a batch's last
+        # rows stay for the higher ones, as the router queue serves them first.
+        headroom = self._tpot_headroom(req.priority)
+        limit = slo * headroom if slo is not None else math.inf
         workers = [w for w in self._workers.values() if tpot.get(w.worker_id, 0.0) <= limit]
         if tpot and not any(w.role is not Role.PREFILL for w in workers):
             best = min(tpot.values())
             refusal = self._reject(req.request_id, RejectReason.TPOT_SLO,
                                    f"predicted time per output token {best * 1e3:.1f}ms on the least loaded decode "
-                                   f"worker exceeds the SLO of {slo * 1e3:.1f}ms less "
-                                   f"{1 - self.config.tpot_slo_headroom:.0%} headroom", best * req.max_tokens)
+                                   f"worker exceeds the SLO of {slo * 1e3:.1f}ms less {1 - headroom:.0%} headroom",
+                                   best * req.max_tokens)
             return workers, tpot, refusal
         return workers, tpot, None
+
+    def _tpot_headroom(self, priority: int) -> float:
+        c = self.config
+        return c.sheddable_tpot_slo_headroom if priority < 0 else \
+            c.critical_tpot_slo_headroom if priority > 0 else c.tpot_slo_headroom
 
     def _plan(self, pending: _Pending, now: float) -> _Plan | Rejection | None:
         req = pending.request

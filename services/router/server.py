@@ -16,13 +16,13 @@ from pydantic import Field
 
 from baton.services.common.http_probe import serve_probes
 from baton.services.common.settings import BatonSettings
+from baton.services.common.tracing import setup_tracing
 from baton.services.router.config import ConfigWatcher, RouterConfig
 from baton.services.router.discovery import EndpointSliceWatcher, parse_static
 from baton.services.router.router import Router
 from baton.services.router.servicer import RouterServicer
 from baton.services.router.worker_feeds import FeedSet
 from baton.v1 import router_pb2_grpc
-from baton.services.common.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "baton.v1.Router"
@@ -51,7 +51,7 @@ class RouterServiceConfig(BatonSettings):
 def stats_json(router: Router) -> dict[str, Any]:
     """GET /stats: the GetStats numbers as JSON, pools keyed by role name, for the operator's autoscaler."""
     stats = router.stats()
-    return {"pools": {role.name.lower(): dataclasses.asdict(pool) for role, pool in stats.pools.items()},
+    return {"pools": {role.label: dataclasses.asdict(pool) for role, pool in stats.pools.items()},
             "queued_requests": stats.queued_requests, "leases": stats.leases}
 
 

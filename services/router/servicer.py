@@ -15,10 +15,11 @@ import math
 import grpc
 from opentelemetry import propagate, trace
 
+from baton.services.common.limits import MAX_PROMPT_TOKENS
+from baton.services.common.roles import Role
 from baton.services.router.rejections import Rejection
 from baton.services.router.router import Outcome, Placement, PlaceRequest, Router
 from baton.services.router.worker_feeds import FeedSet
-from baton.services.router.worker_state import Role
 from baton.v1 import router_pb2 as pb
 from baton.v1 import router_pb2_grpc
 
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.router")
 REASONS = {"prefix_affinity": pb.PLACEMENT_REASON_PREFIX_AFFINITY, "load": pb.PLACEMENT_REASON_LOAD,
            "all_saturated": pb.PLACEMENT_REASON_ALL_SATURATED}
-MAX_PROMPT_TOKENS = 1 << 20  # far past any context; guards the router against absurd messages
 
 
 def placement_to_proto(p: Placement) -> pb.Placement:

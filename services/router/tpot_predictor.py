@@ -4,7 +4,8 @@ reported plus this router's placements it has not reported yet, plus the new req
 
 A request's TPOT is the mean of the steps it waits through, and its context grows while it runs, so the new row is
 counted with its prompt and half its output. The batch's other rows grow too, which this leaves out: the
-headroom on the SLO (`tpot_slo_headroom`) is the margin for that and for the fit's error.
+headroom on the SLO (`tpot_slo_headroom`, and its sheddable and critical variants) is the margin for that and for
+the fit's error.
 """
 from __future__ import annotations
 

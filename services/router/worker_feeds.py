@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import grpc
 
+from baton.services.common.roles import Role
 from baton.services.router.router import Router
-from baton.services.router.worker_state import Role
 from baton.v1 import worker_pb2 as wpb
 from baton.v1 import worker_pb2_grpc
 
@@ -91,7 +91,8 @@ class WorkerFeed:
                 self._failing = True
             return False
         if self.worker_id is None:
-            log.info("worker %s (%s) discovered at %s", worker_id, Role(stats.role).name.lower(), self.address)
+            log.info("worker %s (%s) discovered at %s", worker_id, Role(stats.role).label,
+                     self.address)
         self.worker_id = worker_id
         self._identified.set()
         return True

@@ -12,14 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.services.common.roles import Role
 from baton.services.engine.decode_cost import DecodeCostFit
-
-
-class Role(enum.IntEnum):
-    """Numbered as baton.v1.Role so proto values convert with Role(value)."""
-    PREFILL = 1
-    DECODE = 2
-    MIXED = 3
 
 
 class BreakerState(enum.Enum):

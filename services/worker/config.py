@@ -6,11 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from baton.services.common.roles import RoleName
 from baton.services.common.settings import BatonSettings
 
 
 class WorkerConfig(BatonSettings):
-    role: Literal["prefill", "decode", "mixed"] = Field("mixed", description="Which phases this worker serves")
+    role: RoleName = Field("mixed", description="Which phases this worker serves")
     host: str = Field("127.0.0.1", description="Address the gRPC service listens on")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port, printed at start)")
     advertise_host: str | None = Field(

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry import trace
 
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.handoff import EngineRequest
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport
+from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, KVTransport,
+                                                    layout_from_proto)
 from baton.services.worker.metrics import WorkerMetrics
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -53,10 +54,8 @@ class Served:
 
 
 def peer_of(handle: pb.KVHandle) -> KVPeer:
-    layout = handle.layout
     return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port,
-                  KVLayout(layout.num_layers, layout.num_blocks, layout.block_size, layout.block_nbytes,
-                           layout.base_address, layout.dtype))
+                  layout_from_proto(handle.layout))
 
 
 class DecodeSide:

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from baton.services.common.outputs import RequestOutput
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -6,11 +6,11 @@ import asyncio
 import logging
 from dataclasses import dataclass, replace
 
+from baton.services.common.outputs import RequestOutput
 from baton.services.engine.handoff import EngineRequest, HeldKV
-from baton.services.engine.outputs import RequestOutput
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_transfer.base import KVTransport
+from baton.services.worker.kv_transfer.base import KVTransport, layout_to_proto
 from baton.services.worker.leases import LeaseTable
 from baton.services.worker.metrics import WorkerMetrics
 from baton.v1 import worker_pb2 as pb
@@ -73,13 +73,10 @@ class PrefillSide:
     def _handle(self, request_id: str, held: HeldKV, num_tokens: int,
                 expires_at: float) -> pb.KVHandle:
         peer = self.transport.local_peer()
-        layout = peer.layout
         return pb.KVHandle(
             request_id=request_id, worker_id=self.worker_id, worker_address=self.address,
             transport=self.transport.name, agent_name=peer.name, agent_host=peer.host, agent_port=peer.port,
-            layout=pb.KVLayout(num_layers=layout.num_layers, num_blocks=layout.num_blocks,
-                               block_size=layout.block_size, block_nbytes=layout.block_nbytes,
-                               base_address=layout.base_address, dtype=layout.dtype),
+            layout=layout_to_proto(peer.layout),
             block_ids=held.block_ids, num_tokens=num_tokens,
             expires_at_unix_ms=int(expires_at * 1000), block_hashes=held.block_hashes)
 

@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 from opentelemetry import propagate, trace
 
+from baton.services.common.convert import (logprob_from_proto, output_to_proto, params_from_proto,
+                                           prefill_to_proto)
+from baton.services.common.limits import MAX_PROMPT_TOKENS
+from baton.services.common.roles import Role
 from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.convert import (logprob_from_proto, output_to_proto, params_from_proto,
-                                           prefill_to_proto)
 from baton.services.worker.decode import DecodeSide, HandleNotFound, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
@@ -27,9 +29,7 @@ from baton.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.worker")
-ROLES = {"prefill": pb.ROLE_PREFILL, "decode": pb.ROLE_DECODE, "mixed": pb.ROLE_MIXED}
 EVENT_POLL_SECONDS = 0.05
-MAX_PROMPT_TOKENS = 1 << 20  # far past any context; guards the server against absurd messages
 PULL_BATCH = 64  # (layer, block) chunks copied per trip to a thread
 
 
@@ -56,13 +56,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.idle = asyncio.Event()
         self.idle.set()
 
-    async def _admit(self, context: grpc.aio.ServicerContext, phase: str, meta: pb.RequestMeta,
+    async def _admit(self, context: grpc.aio.ServicerContext, phase: Role, meta: pb.RequestMeta,
                      prompt: list[int]) -> str:
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining; retry on another worker")
-        if phase == "prefill" and self.config.role == "decode" or phase == "decode" and self.config.role == "prefill":
+        if not Role.of(self.config.role).serves(phase):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"a {self.config.role} worker does not serve {phase}")
+                                f"a {self.config.role} worker does not serve {phase.label}")
         if len(prompt) > MAX_PROMPT_TOKENS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"prompt has {len(prompt)} tokens; at most {MAX_PROMPT_TOKENS} are accepted")
@@ -85,7 +85,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
         prompt = list(request.prompt_token_ids)
-        request_id = await self._admit(context, "prefill", request.meta, prompt)
+        request_id = await self._admit(context, Role.PREFILL, request.meta, prompt)
         self._enter()
         try:
             with tracer.start_as_current_span("prefill", context=_trace_context(context),
@@ -103,7 +103,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         prompt = list(request.prompt_token_ids)
-        request_id = await self._admit(context, "decode", request.meta, prompt)
+        request_id = await self._admit(context, Role.DECODE, request.meta, prompt)
         handoff = None
         if request.HasField("kv_handle"):
             first_lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
@@ -167,7 +167,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             decode_step_ms_per_ktoken=fit.per_token_s * 1e6, decode_step_samples=fit.samples)
         return pb.WorkerStats(
             decode_rows=s.decode_rows, decode_context_tokens=s.decode_context_tokens, **decode,
-            worker_id=self.worker_id, role=ROLES[self.config.role], timestamp_unix_ms=int(time.time() * 1000),
+            worker_id=self.worker_id, role=Role.of(self.config.role), timestamp_unix_ms=int(time.time() * 1000),
             num_running=s.num_running, num_waiting=s.num_waiting,
             kv_blocks_used=s.kv_blocks_total - s.kv_blocks_free, kv_blocks_total=s.kv_blocks_total,
             prefill_tokens_queued=s.prefill_tokens_queued,

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import random
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 
 
 def random_prompts(n: int, vocab_size: int, seed: int = 0, min_len: int = 4, max_len: int = 100,

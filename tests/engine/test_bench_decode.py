@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from baton.loadtest.bench.decode import weight_bytes_per_step
 from baton.services.cli import bench
-from baton.services.engine.bench_decode import weight_bytes_per_step
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.decode_cost import DecodeCostModel
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 
 
 def test_prefill_rate_counts_only_steps_that_computed_prompt_tokens(tiny_model_dirs):

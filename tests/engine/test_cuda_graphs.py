@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs, DecodeInputs, bucket_sizes, pick_bucket
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 
 # Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.detokenizer import IncrementalDetokenizer
-from baton.services.engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

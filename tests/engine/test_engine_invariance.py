@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.metrics import EngineCollector
-from baton.services.engine.sampling_params import SamplingParams
 from tests.engine.engine_helpers import greedy, random_prompts
 
 NUM_PROMPTS = 64

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
+from baton.services.common.model_config import load_config
 from baton.services.engine import kv_cache
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.models.loader import load_config
 
 
 @pytest.mark.parametrize("setting", [{"num_kv_blocks": 10**12}, {"kv_cache_memory_gib": 1e7}],

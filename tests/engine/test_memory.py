@@ -5,9 +5,9 @@ import random
 
 import psutil
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 
 TOTAL = 2000
 IN_FLIGHT = 64

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from baton.services.common.openai_protocol import (COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
                                                    CompletionRequest, ProtocolError, build_response,
                                                    parse_request, to_engine_input)
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 MAX_LEN = 64

@@ -1,8 +1,8 @@
 """Streamed outputs carry deltas; the histories they expose are exact snapshots as of their step."""
+from baton.services.common.outputs import RequestOutput
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.outputs import RequestOutput
-from baton.services.engine.sampling_params import SamplingParams
 
 
 def test_deltas_add_up_and_histories_are_snapshots(tiny_model_dirs):

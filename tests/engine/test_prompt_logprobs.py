@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 from tests.engine.engine_helpers import random_prompts
 
 ATOL = 1e-4

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.sampler import sample
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.engine.sequence import Sequence
 
 EOS = frozenset({0})

@@ -9,13 +9,13 @@ import jsonschema
 import pytest
 import torch
 
+from baton.services.common.convert import params_from_proto, params_to_proto
+from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer
 from baton.services.engine.structured.masks import MaskBuilder, unpack
 from baton.services.engine.structured.matcher import GrammarState
-from baton.services.worker.convert import params_from_proto, params_to_proto
 from tests.engine.test_handoff import handoff
 
 SCHEMA = {

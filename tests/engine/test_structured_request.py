@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from baton.services.engine.sampling_params import StructuredOutput
+from baton.services.common.sampling_params import StructuredOutput
 from tests.engine.test_openai_protocol import CHAT, COMPLETIONS, USER, convert, refusal, tokenizer  # noqa: F401
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

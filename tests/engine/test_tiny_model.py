@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from baton.services.engine.tiny_model import (ARCHS, TinyModelSpec, count_parameters, embedded_model_path,
-                                              make_tiny_model)
+from baton.services.checkpoints.tiny_model import (ARCHS, TinyModelSpec, count_parameters,
+                                                   embedded_model_path, make_tiny_model)
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
          "generation_config.json")

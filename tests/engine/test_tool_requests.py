@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from baton.services.common.openai_protocol import ProtocolError, build_response, parse_request, to_engine_input
+from baton.services.common.outputs import RequestOutput
 from baton.services.common.tool_parsers import HermesParser
-from baton.services.engine.outputs import RequestOutput
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Weather in Paris?"}]

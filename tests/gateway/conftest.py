@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gateway.stack import start_stack
+from tests.launcher import start_stack
 
 KEYS = """
 tenants:

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway.stack import blocks_all_free
+from tests.launcher import blocks_all_free
 
 AUTH = {"Authorization": "Bearer sk-alpha"}
 OK_COMPLETION = {"prompt": "hello", "max_tokens": 2}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from baton.operators.autoscaler.signals import PROMQL
-from tests.gateway.stack import Stack
+from tests.launcher import Stack
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "baton"
 # The operator's own metrics come from `baton operator`, which is not part of a serving stack.

@@ -14,7 +14,7 @@ import openai
 import pytest
 import torch
 
-from tests.gateway.stack import Stack, metric, start_stack
+from tests.launcher import Stack, metric, start_stack
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 MAX_TOKENS = 24

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway.stack import blocks_all_free, metric
+from tests.launcher import blocks_all_free, metric
 
 
 def _wait_free(stack, within: float) -> float:

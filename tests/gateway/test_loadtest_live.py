@@ -13,7 +13,7 @@ from baton.loadtest.prometheus import bucket_of, diff, histogram_quantile, scrap
 from baton.loadtest.runner import Target, run_open_loop, schedule
 from baton.loadtest.scenarios import WorkloadSpec, iter_requests
 from baton.loadtest.stats import FAILED, OK, percentiles
-from tests.gateway.stack import blocks_all_free
+from tests.launcher import blocks_all_free
 
 HISTOGRAMS = {"ttft": "baton_gateway_time_to_first_token_seconds",
               "itl": "baton_gateway_inter_token_latency_seconds"}

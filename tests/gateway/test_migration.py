@@ -8,8 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from baton.services.common.process import free_port, launch_service
-from tests.gateway.stack import metric, start_stack
+from tests.launcher import Stack, launch_gateway, start_stack
 
 STREAMS = 16
 TOKENS = 120
@@ -25,10 +24,9 @@ def stack(model):
 
 @pytest.fixture(scope="module")
 def no_migration_url(stack, model):
-    port = free_port()
-    gateway = launch_service("gateway-no-migration", [
-        "gateway", "--port", str(port), "--router", stack.router.address, "--model", str(model),
-        "--no-auth", "--max-migrations", "0"]).wait_ready()
+    gateway, port = launch_gateway("gateway-no-migration", stack.router.address,
+                                   "--model", str(model), "--max-migrations", "0")
+    gateway.wait_ready()
     yield f"http://127.0.0.1:{port}/v1"
     gateway.terminate()
 
@@ -57,11 +55,6 @@ async def _run_and_kill(url: str, model: str, stack, victim_filter) -> tuple[lis
     return await asyncio.gather(*tasks), victim.name
 
 
-def _busiest_live_decode(stack):
-    live = [w for w in stack.workers("decode") if w.process.poll() is None]
-    return max(live, key=lambda w: metric(w, "baton_num_requests_running"))
-
-
 async def _undisturbed(url: str, model: str) -> list[str]:
     client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     return await asyncio.gather(*(_stream(client, model, p, []) for p in PROMPTS))
@@ -72,13 +65,14 @@ def test_streams_survive_a_decode_worker_killed_mid_flight(stack, model, no_migr
     assert all(isinstance(t, str) and t for t in expected)
 
     # Migration off: streams on the dead worker end with an error event, the rest are untouched.
-    off, _ = asyncio.run(_run_and_kill(no_migration_url, model.name, stack, _busiest_live_decode))
+    off, _ = asyncio.run(_run_and_kill(no_migration_url, model.name, stack,
+                                       Stack.busiest_live_decode))
     failed = [i for i, r in enumerate(off) if isinstance(r, Exception)]
     assert 0 < len(failed) < STREAMS
     assert all("could not move" in str(off[i]) for i in failed)
     assert all(off[i] == expected[i] for i in range(STREAMS) if i not in failed)
 
     # Migration on: the same load, another worker killed, and every stream is whole and identical.
-    on, victim = asyncio.run(_run_and_kill(stack.url, model.name, stack, _busiest_live_decode))
+    on, victim = asyncio.run(_run_and_kill(stack.url, model.name, stack, Stack.busiest_live_decode))
     assert on == expected, victim
     assert stack.gateway_metric("baton_gateway_migrations_total") > 0

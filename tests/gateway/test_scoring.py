@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.gateway.stack import metric
+from tests.launcher import metric
 
 ATOL = 1e-4
 PROMPT = list(range(100, 140)) + list(range(300, 310))  # 50 tokens: three full blocks of 16 and a tail

@@ -9,8 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.gateway.stack import start_stack
-from tests.gateway.test_migration import _busiest_live_decode
+from tests.launcher import start_stack
 
 STREAMS = 8
 # Long enough (about 100 tokens) that every stream is still going when the worker dies.
@@ -52,6 +51,6 @@ def test_constrained_streams_survive_a_decode_worker_killed(stack, model):
     expected = asyncio.run(_run(stack.url, model.name))
     for text in expected:
         jsonschema.validate(json.loads(text), SCHEMA)
-    got = asyncio.run(_run(stack.url, model.name, kill=lambda: _busiest_live_decode(stack).kill()))
+    got = asyncio.run(_run(stack.url, model.name, kill=lambda: stack.busiest_live_decode().kill()))
     assert got == expected
     assert stack.gateway_metric("baton_gateway_migrations_total") > 0

@@ -10,11 +10,11 @@ import pytest
 from opentelemetry import trace
 
 from baton.services.common import tracing
-from baton.services.common.process import ServiceProcess, free_port, launch_service
+from baton.services.common.process import ServiceProcess
+from tests.launcher import launch_gateway, launch_router, launch_sim_worker
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
-SIM = ["--engine", "sim", "--kv-transport", "grpc", "--sim-step-base-seconds", "0"]
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -62,15 +62,13 @@ def traced_stack():
     started: list[ServiceProcess] = []
     try:
         for role in ("prefill", "decode"):
-            started.append(launch_service(f"{role}-worker", ["worker", "--role", role, "--port", str(free_port()),
-                                                             *SIM], env={**env, "BATON_NUM_THREADS": "1"}))
+            started.append(launch_sim_worker(f"{role}-worker", "--sim-step-base-seconds", "0",
+                                             role=role, env=env)[0])
         workers = [w.wait_ready() for w in started]
-        started.append(launch_service("router", ["router", "--port", str(free_port()), "--model", "tiny-llama",
-                                                 "--workers", ",".join(w.address for w in workers),
-                                                 "--max-local-prefill-tokens", "0"], env=env))  # hand off
+        started.append(launch_router("router", "--workers", ",".join(w.address for w in workers),
+                                     "--max-local-prefill-tokens", "0", env=env)[0])  # hand off
         started[-1].wait_ready()
-        started.append(launch_service("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(free_port()),
-                                                  "--router", started[-1].address, "--no-auth"], env=env))
+        started.append(launch_gateway("gateway", started[-1].address, env=env)[0])
         started[-1].wait_ready()
         yield dict(zip(("prefill", "decode", "router", "gateway"), started))
     finally:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from baton.loadtest.client import Target, _Stream, completion_body
+from baton.loadtest.client import StreamTimes, Target, completion_body
 from baton.loadtest.stats import FAILED, OK, REFUSED
 
 
@@ -15,8 +15,8 @@ def chunk(text: str | None = None, finish: str | None = None, usage: dict | None
     return json.dumps({"choices": choices, **({"usage": usage} if usage else {})})
 
 
-def fed(events: list[tuple[float, str]]) -> _Stream:
-    stream = _Stream(sent=10.0)
+def fed(events: list[tuple[float, str]]) -> StreamTimes:
+    stream = StreamTimes(sent=10.0)
     for at, data in events:
         stream.feed(data, at)
     return stream

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from baton.operators.autoscaler.signals import PoolRef, RouterStatsSource
 from baton.operators.drain import drain
 from baton.services.common.http_probe import serve_probes
+from baton.services.common.roles import Role
 from baton.services.router.config import RouterConfig
 from baton.services.router.router import Router
 from baton.services.router.server import drain_json, stats_json
-from baton.services.router.worker_state import Role
 from baton.v1 import worker_pb2
 from tests.router.helpers import Clock, stats
 

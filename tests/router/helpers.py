@@ -1,7 +1,9 @@
 """Shared builders for the router tests: a settable clock and worker stats as the workers send them."""
 from __future__ import annotations
 
-from baton.services.router.worker_state import CircuitBreaker, LoadReport, Role, SaturationLimits, WorkerState
+from baton.services.common.roles import Role
+from baton.services.router.worker_state import (CircuitBreaker, LoadReport, SaturationLimits,
+                                                WorkerState)
 from baton.v1 import worker_pb2
 
 LIMITS = SaturationLimits(max_stats_age_s=2.0, queued_prefill_tokens=10_000, inflight_requests=100,

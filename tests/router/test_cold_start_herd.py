@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
+from baton.services.common.roles import Role
 from baton.services.router.router import PlaceRequest, Router
-from baton.services.router.worker_state import Role
 
 from .helpers import Clock, stats
 from .test_router import make_router, stored

@@ -45,6 +45,19 @@ def test_decode_worker_whose_batch_would_miss_the_tpot_slo_is_passed_over_then_r
     assert isinstance(router.place(PlaceRequest("c", SHORT, max_tokens=16)), Placement)
 
 
+@pytest.mark.parametrize("rows, admitted", [(20, {1, 0}), (29, {1})])
+def test_lower_priorities_stop_joining_a_decode_batch_sooner(rows, admitted):
+    router, clock, _, _ = make_router()
+    add(router, clock, "d0")
+    router.on_stats(decode_stats("d0", clock(), rows=rows))  # 10 + (rows + 1) * 1 ms with one more row
+    # Within 60% (sheddable), 80% (standard) or 90% (critical) of a 50 ms SLO: 30, 40 or 45 ms; each placement
+    # adds a row the next request sees.
+    outcomes = {p: router.place(PlaceRequest(f"p{p}", SHORT, max_tokens=16, tpot_slo_s=0.05, priority=p))
+                for p in (1, 0, -1)}
+    assert {p for p, o in outcomes.items() if isinstance(o, Placement)} == admitted
+    assert outcomes[-1].reason is RejectReason.TPOT_SLO and "less 40% headroom" in outcomes[-1].message
+
+
 def test_default_tpot_slo_and_workers_without_a_fit():
     router, clock, _, _ = make_router(default_tpot_slo_s=0.02)
     add(router, clock, "d0")  # no fit reported yet: nothing to refuse on

@@ -1,11 +1,12 @@
-"""Overload in virtual time (services/router/overload.py): at 3x capacity, admission control keeps goodput near
-the 1x level by refusing at once, while without it the queue makes nearly every request late."""
+"""Overload in virtual time (loadtest/sim/overload.py): at 3x capacity, admission control keeps
+goodput near the 1x level by refusing at once, while without it the queue makes nearly every
+request late."""
 from __future__ import annotations
 
 import pytest
+from baton.loadtest.sim.overload import OverloadCase, run_case
+from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.tiny_model import embedded_model_path
-from baton.services.router.overload import OverloadCase, run_case
 
 SLO_S = 0.5
 

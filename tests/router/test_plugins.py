@@ -5,12 +5,13 @@ from collections import Counter
 
 import pytest
 
+from baton.services.common.roles import Role
 from baton.services.router.plugins.base import SchedulingRequest
 from baton.services.router.plugins.filters import default_filters
 from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.scorers import (InFlightRequestsScorer, KVUtilizationScorer,
                                                    PrefixOverlapScorer, QueuedPrefillTokensScorer)
-from baton.services.router.worker_state import LoadReport, Role
+from baton.services.router.worker_state import LoadReport
 
 from .helpers import LIMITS, stats, worker
 

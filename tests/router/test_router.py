@@ -5,12 +5,12 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
+from baton.services.common.roles import Role
 from baton.services.engine.block_hash import block_hashes
 from baton.services.router.config import RouterConfig
 from baton.services.router.disaggregation import DisaggReason
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.router import Placement, PlaceRequest, Queued, Router
-from baton.services.router.worker_state import Role
 from baton.v1 import worker_pb2
 
 from .helpers import Clock, stats

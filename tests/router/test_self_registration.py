@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import grpc
 
 from baton.services.common.process import ServiceProcess
-from tests.router.service_cluster import RouterClient, launch_router, launch_sim_worker, stop_all, wait_for
+from tests.launcher import launch_router, launch_sim_worker, stop_all, wait_for
+from tests.router.grpc_clients import RouterClient
 
 PROMPT = list(range(1, 40))
 

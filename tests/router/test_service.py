@@ -11,11 +11,13 @@ import pytest
 
 from baton.v1 import router_pb2 as rpb
 
-from .service_cluster import (RouterClient, generate_on, launch_router, launch_sim_worker, stop_all,
-                              wait_for, worker_id_of)
+from tests.launcher import launch_router, launch_sim_worker, stop_all, wait_for
 
-CONFIG_ON = "prefix_overlap_weight: 2.0\n"
-CONFIG_NO_AFFINITY = "prefix_overlap_weight: 0.0\nsticky_queued_prefill_tokens: 0\n"
+from .grpc_clients import RouterClient, generate_on, worker_id_of
+
+SCORERS = "scorers:\n- {name: prefix_overlap, weight: %s}\n- {name: kv_utilization, weight: 1}\n"
+CONFIG_ON = SCORERS % 2.0
+CONFIG_NO_AFFINITY = SCORERS % 0.0 + "sticky_queued_prefill_tokens: 0\n"
 
 
 def prompt(seed: int, length: int) -> list[int]:

@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from baton.services.common.roles import Role
 from baton.services.router.config import RouterConfig
 from baton.services.router.router import Router
 from baton.services.router.servicer import RouterServicer
 from baton.services.router.worker_feeds import FeedSet
-from baton.services.router.worker_state import Role
 from baton.v1 import router_pb2 as rpb
 from baton.v1 import router_pb2_grpc
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from baton.loadtest.sim.replay import Replay, build_requests, unlimited_cache_hit_ratio
+from baton.loadtest.sim.runner import SimulatedRunner
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import token_pool
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
-from baton.services.engine.sim_runner import SimulatedRunner
 from baton.services.router.config import RouterConfig
-from baton.services.router.replay import Replay, build_requests, unlimited_cache_hit_ratio
 
 
 @pytest.fixture(scope="module")

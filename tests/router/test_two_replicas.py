@@ -13,15 +13,9 @@ from baton.services.common.process import ServiceProcess
 from baton.v1 import worker_pb2 as wpb
 from baton.v1 import worker_pb2_grpc
 
-from .service_cluster import (
-    RouterClient,
-    generate_on,
-    launch_router,
-    launch_sim_worker,
-    stop_all,
-    wait_for,
-    worker_id_of,
-)
+from tests.launcher import launch_router, launch_sim_worker, stop_all, wait_for
+
+from .grpc_clients import RouterClient, generate_on, worker_id_of
 
 WORKERS = 4
 BURST = 200

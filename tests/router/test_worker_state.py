@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from baton.services.router.worker_state import BreakerState, CircuitBreaker, LoadReport, Role
+from baton.services.common.roles import Role
+from baton.services.router.worker_state import BreakerState, CircuitBreaker, LoadReport
 from baton.v1 import worker_pb2
 
 from .helpers import LIMITS, stats, worker

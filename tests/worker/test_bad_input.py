@@ -8,7 +8,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from baton.v1 import worker_pb2 as pb
-from tests.worker.cluster import collect, greedy_params, start_workers
+from tests.launcher import start_workers
+from tests.worker.streams import collect, greedy_params
 
 
 @pytest.fixture(scope="module")

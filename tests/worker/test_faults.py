@@ -10,7 +10,8 @@ import pytest
 
 from baton.v1 import worker_pb2 as pb
 from tests.engine.engine_helpers import random_prompts
-from tests.worker.cluster import Worker, collect, greedy_params, start_workers
+from tests.launcher import Worker, start_workers
+from tests.worker.streams import collect, greedy_params
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 
 from baton.services.cli.main import main
 from tests.engine.engine_helpers import random_prompts
-from tests.worker.cluster import collect, greedy_params, run_all, start_workers
+from tests.launcher import start_workers
+from tests.worker.streams import collect, greedy_params, run_all
 
 NUM_PROMPTS = 64
 NEW_TOKENS = 16

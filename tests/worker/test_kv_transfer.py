@@ -14,12 +14,12 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSpec, random_cache
 from baton.services.cli.bench_kv_transfer import pick_blocks
 from baton.services.cli.main import main
+from baton.services.common.process import free_port
 from baton.services.worker.kv_transfer import KVTransferError, KVTransport, make_transport
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
-from baton.services.common.process import free_port
-from baton.services.worker.kv_transfer.loopback import CacheShape, SourceProcess, SourceSpec, random_cache
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
 KINDS = ("nixl", "grpc")

@@ -14,11 +14,11 @@ from typing import Iterator
 import pytest
 import torch
 
+from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 from baton.services.common.process import free_port
 from baton.services.worker.kv_transfer import KVLayout, KVPeer, KVTransferError, KVTransport, make_transport
 from baton.services.worker.kv_transfer.cuda_ipc import CudaIpcKVTransport, _closed_by_peer, _Handler, _Listener
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
-from baton.services.worker.kv_transfer.loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 
 KINDS = ("nixl", "cuda_ipc")
 SHAPE = CacheShape(num_layers=4, num_blocks=40, block_size=16, kv_heads=8, head_dim=128)  # 64 KiB blocks

@@ -7,58 +7,19 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
+from baton.services.common.model_config import ARCHITECTURES, head_dim
 from baton.services.engine.attention import Attention
 from baton.services.engine.models.llama import LlamaForCausalLM
 from baton.services.engine.models.rope import RotaryEmbedding
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-}
+# Every architecture common/model_config.ARCHITECTURES names runs on the one Llama-style model.
+SUPPORTED_ARCHITECTURES = {name: LlamaForCausalLM for name in ARCHITECTURES}
 # Buffers some older checkpoints carry that are recomputed here.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def load_config(model_dir: str | Path) -> PretrainedConfig:
-    config = AutoConfig.from_pretrained(str(model_dir))
-    archs = getattr(config, "architectures", None) or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise ValueError(f"unsupported architecture {archs}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-    return config
-
-
-def head_dim(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def sliding_window(config: PretrainedConfig) -> int | None:
-    """The attention window a checkpoint needs, if any (Mistral v0.1; Qwen2 only with use_sliding_window)."""
-    window = getattr(config, "sliding_window", None)
-    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
-        return None
-    return window
-
-
-def context_length(config: PretrainedConfig, cap: int | None = None) -> int:
-    """The longest sequence served: the model's positions, at most its attention window (windowed attention is
-    not implemented, so longer would be wrong), at most `cap`. Raises ValueError when cap exceeds the model's."""
-    limit = config.max_position_embeddings
-    window = sliding_window(config)
-    if window is not None and window < limit:
-        log.warning("capping context at the sliding window (%d tokens): windowed attention is not implemented",
-                    window)
-        limit = window
-    if cap is not None:
-        if cap > limit:
-            raise ValueError(f"max_model_len {cap} exceeds the model's limit of {limit}")
-        limit = cap
-    return limit
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

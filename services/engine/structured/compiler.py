@@ -11,8 +11,8 @@ import llguidance.hf
 from llguidance import LLMatcher, LLTokenizer
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.engine.sampling_params import StructuredOutput
-from baton.services.engine.structured.spec import grammar_of
+from baton.services.common.sampling_params import StructuredOutput
+from baton.services.common.structured_spec import grammar_of
 
 
 def make_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_ids: frozenset[int]) -> LLTokenizer:

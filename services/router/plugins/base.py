@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from baton.services.router.worker_state import WorkerState
+
+if TYPE_CHECKING:
+    from baton.services.router.config import RouterConfig
 
 
 @dataclass
@@ -43,6 +47,11 @@ class Scorer(abc.ABC):
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
+
+    @classmethod
+    def from_config(cls, weight: float, config: RouterConfig) -> Scorer:
+        """The scorer as `RouterConfig.scorers` names it; scorers with thresholds read them here."""
+        return cls(weight)
 
     @abc.abstractmethod
     def score(self, request: SchedulingRequest, worker: WorkerState) -> float:

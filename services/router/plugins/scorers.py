@@ -3,11 +3,17 @@ busy it is, so it is treated as saturated rather than as idle."""
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING
 
 from baton.services.router.plugins.base import Scorer, SchedulingRequest
+from baton.services.router.plugins.registry import register_scorer
 from baton.services.router.worker_state import WorkerState
 
+if TYPE_CHECKING:
+    from baton.services.router.config import RouterConfig
 
+
+@register_scorer
 class PrefixOverlapScorer(Scorer):
     """Share of the prompt the worker already holds: 1 - uncached prompt tokens / prompt tokens."""
     name = "prefix_overlap"
@@ -24,6 +30,10 @@ class _LoadScorer(Scorer):
         super().__init__(weight)
         self.max_stats_age_s = max_stats_age_s
 
+    @classmethod
+    def from_config(cls, weight: float, config: RouterConfig) -> Scorer:
+        return cls(weight, config.stats_max_age_s)
+
     def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
         if worker.is_stale(request.now, self.max_stats_age_s):
             return 0.0
@@ -34,6 +44,7 @@ class _LoadScorer(Scorer):
         """The score from fresh stats (clamped to [0, 1] by the caller)."""
 
 
+@register_scorer
 class KVUtilizationScorer(_LoadScorer):
     """Free share of the KV cache, counting blocks this router's unseen placements will take."""
     name = "kv_utilization"
@@ -42,6 +53,7 @@ class KVUtilizationScorer(_LoadScorer):
         return 1.0 - worker.kv_utilization()
 
 
+@register_scorer
 class QueuedPrefillTokensScorer(_LoadScorer):
     """Falls linearly from 1 (nothing queued) to 0 at `saturation_tokens` queued prompt tokens."""
     name = "queued_prefill_tokens"
@@ -50,10 +62,15 @@ class QueuedPrefillTokensScorer(_LoadScorer):
         super().__init__(weight, max_stats_age_s)
         self.saturation_tokens = saturation_tokens
 
+    @classmethod
+    def from_config(cls, weight: float, config: RouterConfig) -> Scorer:
+        return cls(weight, config.stats_max_age_s, config.saturation_queued_prefill_tokens)
+
     def _fresh_score(self, worker: WorkerState) -> float:
         return 1.0 - worker.queued_prefill_tokens() / self.saturation_tokens
 
 
+@register_scorer
 class InFlightRequestsScorer(_LoadScorer):
     """Falls linearly from 1 (idle) to 0 at `saturation_requests` running, waiting or just placed requests."""
     name = "inflight_requests"
@@ -61,6 +78,10 @@ class InFlightRequestsScorer(_LoadScorer):
     def __init__(self, weight: float, max_stats_age_s: float, saturation_requests: int) -> None:
         super().__init__(weight, max_stats_age_s)
         self.saturation_requests = saturation_requests
+
+    @classmethod
+    def from_config(cls, weight: float, config: RouterConfig) -> Scorer:
+        return cls(weight, config.stats_max_age_s, config.saturation_inflight_requests)
 
     def _fresh_score(self, worker: WorkerState) -> float:
         return 1.0 - worker.inflight_requests() / self.saturation_requests

@@ -8,9 +8,11 @@ differ in their number of blocks, never in the per-block shape.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
+
+from baton.v1 import worker_pb2 as pb
 
 
 class KVTransferError(RuntimeError):
@@ -41,6 +43,16 @@ class KVLayout:
         layers, blocks, _, block_size = kv_cache.shape[:4]
         return cls(layers, blocks, block_size, kv_cache[0, 0].numel() * kv_cache.element_size(),
                    kv_cache.data_ptr(), str(kv_cache.dtype).removeprefix("torch."))
+
+
+def layout_to_proto(layout: KVLayout) -> pb.KVLayout:
+    """Field by field, by name: KVLayout and its message have the same fields (a test in tests/proto
+    holds them equal)."""
+    return pb.KVLayout(**asdict(layout))
+
+
+def layout_from_proto(message: pb.KVLayout) -> KVLayout:
+    return KVLayout(**{f.name: getattr(message, f.name) for f in fields(KVLayout)})
 
 
 @dataclass(frozen=True)

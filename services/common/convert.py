@@ -1,38 +1,56 @@
-"""Between the gRPC messages (baton.v1) and the engine's own types."""
+"""Between the gRPC messages (baton.v1) and the plain shared types (sampling parameters, outputs, logprobs)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import asdict, fields, is_dataclass
+from typing import Any
 
-from baton.services.engine.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
+from google.protobuf.descriptor import FieldDescriptor
+
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.v1 import worker_pb2 as pb
 
 
+# Unset proto scalars read as zero; for these fields zero is never a valid value, so it means the engine's default.
+# (temperature 0 is greedy and skip_special_tokens false is a choice: those are read as sent.)
+ZERO_MEANS_DEFAULT = frozenset({"max_tokens", "top_p", "repetition_penalty"})
+_PARAM_FIELDS = {f.name: f for f in fields(SamplingParams)}
+_WIRE_FIELDS = pb.SamplingParams.DESCRIPTOR.fields_by_name
+
+
+def _is_repeated(wire: FieldDescriptor) -> bool:
+    # protobuf 7 dropped `label` for `is_repeated`; older releases only have `label`.
+    if hasattr(wire, "is_repeated"):
+        return wire.is_repeated
+    return wire.label == wire.LABEL_REPEATED
+
+
+def _param_from_wire(p: pb.SamplingParams, name: str) -> Any:
+    wire, value = _WIRE_FIELDS[name], getattr(p, name)
+    if wire.message_type is not None and wire.message_type.GetOptions().map_entry:
+        return dict(value) or None
+    if _is_repeated(wire):
+        return list(value)
+    if wire.has_presence and not p.HasField(name):
+        return None
+    if wire.message_type is not None:
+        return StructuredOutput(**{f.name: getattr(value, f.name) for f in fields(StructuredOutput)})
+    if name in ZERO_MEANS_DEFAULT and not value:
+        return _PARAM_FIELDS[name].default
+    return value
+
+
 def params_from_proto(p: pb.SamplingParams) -> SamplingParams:
-    """Unset proto fields read as zero, so every field the engine defaults to non-zero is mapped explicitly."""
-    return SamplingParams(
-        max_tokens=p.max_tokens or 16, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
-        min_p=p.min_p, seed=p.seed if p.HasField("seed") else None,
-        repetition_penalty=p.repetition_penalty or 1.0, frequency_penalty=p.frequency_penalty,
-        presence_penalty=p.presence_penalty, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
-        include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs if p.HasField("logprobs") else None, skip_special_tokens=p.skip_special_tokens,
-        structured_output=(StructuredOutput(p.structured_output.kind, p.structured_output.value)
-                           if p.HasField("structured_output") else None),
-        logit_bias=dict(p.logit_bias) or None,
-        prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None)
+    """Field by field, by name: the dataclass and the message declare the same fields (a test holds them
+    equal), so a field added to both travels without touching this."""
+    return SamplingParams(**{name: _param_from_wire(p, name) for name in _PARAM_FIELDS})
 
 
 def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
-    return pb.SamplingParams(
-        max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-        seed=p.seed, repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
-        presence_penalty=p.presence_penalty, stop=p.stop, stop_token_ids=p.stop_token_ids,
-        include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-        logprobs=p.logprobs, skip_special_tokens=p.skip_special_tokens, logit_bias=p.logit_bias,
-        prompt_logprobs=p.prompt_logprobs,
-        structured_output=(pb.StructuredOutput(kind=p.structured_output.kind, value=p.structured_output.value)
-                           if p.structured_output is not None else None))
+    # None leaves optional fields unset; nested dataclasses go as dicts, which the message constructor accepts.
+    values = {name: getattr(p, name) for name in _PARAM_FIELDS}
+    return pb.SamplingParams(**{name: asdict(v) if is_dataclass(v) else v for name, v in values.items()})
 
 
 def logprob_to_proto(lp: TokenLogprobs) -> pb.TokenLogprob:

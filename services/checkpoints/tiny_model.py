@@ -123,7 +123,8 @@ CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen
 
 
 def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    corpus = resources.files("baton.services.engine").joinpath("assets/tiny_corpus.txt").read_text(encoding="utf-8")
+    assets = resources.files("baton.services.checkpoints").joinpath("assets")
+    corpus = assets.joinpath("tiny_corpus.txt").read_text(encoding="utf-8")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

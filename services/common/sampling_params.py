@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from baton.services.engine.structured.spec import check_structured
+from baton.services.common.structured_spec import check_structured
 
 # Below this temperature sampling is greedy, as in vLLM.
 GREEDY_EPSILON = 1e-5

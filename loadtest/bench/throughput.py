@@ -26,9 +26,9 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.utils import WorkloadHints
 
 from baton.loadtest.workloads import Request, random_workload
+from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams, StructuredOutput
 
 # Small, but it runs both prefill and decode, so first-call costs (allocations, lazy inits) fall outside timing.
 WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN = 4, 32, 8

@@ -15,10 +15,10 @@ import random
 import time
 from dataclasses import dataclass
 
+from baton.loadtest.sim.replay import T0, Replay, ReplayRequest, quantile
 from baton.services.engine.config import EngineConfig
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import Rejection
-from baton.services.router.replay import T0, Replay, ReplayRequest, quantile
 from baton.services.router.router import Outcome
 
 
@@ -99,7 +99,7 @@ def run_case(case: OverloadCase, engine_config: EngineConfig, workers: int, prom
 
 def bench_overload(args: argparse.Namespace) -> list[dict]:
     """`baton bench router --mode overload`: every case of CASES on --replay-workers simulated workers."""
-    from baton.services.engine.tiny_model import embedded_model_path
+    from baton.services.checkpoints.tiny_model import embedded_model_path
 
     if args.prompt_len + OUTPUT_TOKENS > MODEL_CONTEXT:
         raise SystemExit(f"--prompt-len must be at most {MODEL_CONTEXT - OUTPUT_TOKENS} for the simulated model")

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from baton.loadtest.stats import prefix_reuse_bound
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import scaled_trace
+from baton.services.common.roles import Role
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.sampling_params import SamplingParams
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import Rejection
 from baton.services.router.router import Outcome, Placement, PlaceRequest, Router
-from baton.services.router.worker_state import Role
 from baton.v1 import worker_pb2 as wpb
 
 POLICIES = ("prefix", "load", "round-robin")
@@ -109,7 +109,9 @@ class Replay:
             w.engine.blocks.record_events = True
             w.engine.runner.sleep = lambda seconds: None  # time is the virtual clock's, advanced per step
         if policy == "load":
-            router_config = router_config.model_copy(update=dict(prefix_overlap_weight=0.0,
+            # The prefix scorer off (a weight of 0, as the picker drops those) and no affinity.
+            scorers = [e for e in router_config.scorers if e.name != "prefix_overlap"]
+            router_config = router_config.model_copy(update=dict(scorers=scorers,
                                                                  sticky_queued_prefill_tokens=0))
         # A placement reaches a simulated worker at once, so its next report includes it (no grace); a fixed seed
         # keeps the replay's ties, and so its results, the same run to run.

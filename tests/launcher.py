@@ -1,0 +1,208 @@
+"""The one way tests start Baton services: real processes on loopback, each on free ports.
+
+- `start_stack`: the whole stack (workers, router, gateway), started as `baton serve` starts it.
+- `start_workers`: engine workers alone, one per role, for the worker tests.
+- `launch_sim_worker` / `launch_router` / `launch_gateway`: single services started side by side,
+  not yet ready (the caller waits), for the router service, tracing and migration tests.
+Plus what every caller needs around them: metric scrapes, stopping, waiting for a condition."""
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from baton.services.cli import serve
+from baton.services.common.process import ServiceProcess, free_port, launch_service
+from baton.v1 import worker_pb2_grpc
+
+SIM_MODEL = "tiny-llama"  # the embedded model's folder name, which sim workers serve under
+SIM_BLOCKS = 256
+KV_BLOCKS = 256  # small caches start fast; every test prompt fits many times over
+ONE_THREAD = {"BATON_NUM_THREADS": "1"}
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def scrape(url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (those matching `labels`) from a live /metrics scrape."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name) or line[len(name)] not in " {":
+            continue
+        sample_labels, _, value = line[len(name):].rpartition(" ")
+        if all(f'{k}="{v}"' in sample_labels for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def metric(service: ServiceProcess, name: str) -> float:
+    """Sum of a metric's samples from the service's /metrics (its port is in its ready line)."""
+    port = next(int(m.group(1)) for line in service.output
+                if (m := re.search(r"metrics on :(\d+)", line)))
+    return scrape(f"http://127.0.0.1:{port}/metrics", name)
+
+
+# -- the whole stack ------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    services: list[ServiceProcess]  # in the order to stop them: gateway, router, workers
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def gateway(self) -> ServiceProcess:
+        return self.services[0]
+
+    @property
+    def router(self) -> ServiceProcess:
+        return self.services[1]
+
+    def workers(self, role: str | None = None) -> list[ServiceProcess]:
+        return [s for s in self.services[2:] if role is None or s.name.startswith(role)]
+
+    def busiest_live_decode(self) -> ServiceProcess:
+        """The running decode worker with the most requests in flight (the one to kill in a
+        migration test)."""
+        live = [w for w in self.workers("decode") if w.process.poll() is None]
+        return max(live, key=lambda w: metric(w, "baton_num_requests_running"))
+
+    def gateway_metric(self, name: str) -> float:
+        return scrape(f"http://127.0.0.1:{self.port}/metrics", name)
+
+    def stop(self) -> None:
+        for service in self.services:
+            service.terminate()
+
+
+def blocks_all_free(stack: Stack) -> bool:
+    return all(metric(w, "baton_kv_cache_free_blocks") == metric(w, "baton_kv_cache_total_blocks")
+               for w in stack.workers())
+
+
+def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 1,
+                api_keys_file: Path | None = None, kv_transport: str = "nixl",
+                worker_arg: tuple[str, ...] = ("--num-kv-blocks=512",),
+                router_args: list[str] | None = None) -> Stack:
+    args = argparse.Namespace(mode=mode, prefill_workers=1, decode_workers=decode_workers,
+                              kv_transport=kv_transport, host="127.0.0.1", port=free_port(),
+                              worker_arg=list(worker_arg), router_arg=router_args or [],
+                              gpu_memory_utilization=0.9, prefill_memory_share=None,
+                              api_keys_file=str(api_keys_file) if api_keys_file else None)
+    services: list[ServiceProcess] = []
+    try:
+        serve.start_stack(args, str(model), model.name, services)
+    except BaseException:
+        for service in services:
+            service.terminate()
+        raise
+    return Stack(services, args.port)
+
+
+# -- engine workers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    service: ServiceProcess
+    metrics_port: int
+
+    @property
+    def address(self) -> str:
+        return self.service.address
+
+    def stub(self) -> worker_pb2_grpc.WorkerStub:
+        return worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(self.address))
+
+    def metric(self, name: str, **labels: str) -> float:
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", name, **labels)
+
+
+def start_workers(model: Path, roles: Sequence[str], transport: str = "nixl",
+                  *extra: str) -> list[Worker]:
+    """Starts one worker per role side by side and returns them once all are serving."""
+    workers = []
+    for role in roles:
+        metrics_port = free_port()
+        args = ["worker", "--role", role, "--model", str(model), "--port", str(free_port()),
+                "--kv-port", str(free_port()), "--metrics-port", str(metrics_port),
+                "--kv-transport", transport, "--num-kv-blocks", str(KV_BLOCKS), *extra]
+        workers.append(Worker(launch_service(f"{role}-worker", args, env=ONE_THREAD), metrics_port))
+    for worker in workers:
+        worker.service.wait_ready()
+    return workers
+
+
+# -- routers and simulated workers ----------------------------------------------------------------
+
+
+def launch_sim_worker(name: str, *extra: str, role: str = "mixed",
+                      env: dict[str, str] | None = None) -> tuple[ServiceProcess, str]:
+    """The process and the address it will serve on (known before it is ready, so routers can
+    start beside it)."""
+    port = free_port()
+    args = ["worker", "--engine", "sim", "--role", role, "--port", str(port),
+            "--kv-transport", "grpc", "--num-kv-blocks", str(SIM_BLOCKS), *extra]
+    return launch_service(name, args, env={**ONE_THREAD, **(env or {})}), f"127.0.0.1:{port}"
+
+
+def launch_router(name: str, *extra: str,
+                  env: dict[str, str] | None = None) -> tuple[ServiceProcess, int]:
+    """The process and its metrics port; the router serves SIM_MODEL and polls quickly."""
+    metrics_port = free_port()
+    args = ["router", "--port", str(free_port()), "--model", SIM_MODEL,
+            "--metrics-port", str(metrics_port), "--stats-poll-interval-s", "0.1",
+            "--tick-interval-s", "0.1", *extra]
+    return launch_service(name, args, env=env), metrics_port
+
+
+def launch_gateway(name: str, router_address: str, *extra: str,
+                   env: dict[str, str] | None = None) -> tuple[ServiceProcess, int]:
+    """The process and its HTTP port; no API keys unless `extra` names a keys file."""
+    port = free_port()
+    auth = [] if any(a.startswith("--api-keys-file") for a in extra) else ["--no-auth"]
+    args = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--router", router_address,
+            *auth, *extra]
+    return launch_service(name, args, env=env), port
+
+
+# -- stopping and waiting -------------------------------------------------------------------------
+
+
+def stop_all(services: list[ServiceProcess], timeout: float = 15.0) -> list[int]:
+    """SIGTERM to all at once, then the exit codes: each drains in parallel rather than one after
+    another."""
+    for service in services:
+        if service.process.poll() is None:
+            service.process.send_signal(signal.SIGTERM)
+    codes = []
+    for service in services:
+        # One signal only: a second one landing after the service's loop closed would kill it
+        # mid-exit.
+        try:
+            codes.append(service.process.wait(timeout))
+        except subprocess.TimeoutExpired:
+            service.kill()
+            codes.append(service.process.returncode)
+    return codes
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.05)

@@ -1,0 +1,93 @@
+"""Package boundaries, checked on the source:
+- the gateway and the shared package stay light: neither imports the engine or the worker, nor torch itself, so
+  the gateway runs without them and `common` is a leaf every service can use (transformers, which the gateway
+  tokenizes with, loads torch on its own when installed; that is not counted);
+- benchmarks and simulators live in baton.loadtest (bench/, sim/), not in the service packages: a service package
+  holds no module named like one, and imports none of them except the simulated runner that `--engine sim` plugs
+  into the engine in place of the model."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import baton.services
+
+SERVICES = Path(baton.services.__file__).parent
+FORBIDDEN = ("baton.services.engine", "baton.services.worker", "torch")
+SERVICE_PACKAGES = ("gateway", "router", "worker", "engine", "common")
+BENCH_OR_SIM_NAME = re.compile(r"(^|_)(bench|benchmark|sim|simulator|replay|overload|loopback)(_|$)")
+# The one simulator a service may import: the engine's stand-in for ModelRunner (`--engine sim`).
+ALLOWED_LOADTEST_IMPORTS = {"baton.loadtest.sim.runner"}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every module a file imports, at any depth (function-local imports included); for `from m import n`, both
+    m and m.n, since n may be a module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _forbidden(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
+
+
+def _service_modules() -> list[Path]:
+    return [p for pkg in SERVICE_PACKAGES for p in sorted((SERVICES / pkg).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("package", ["gateway", "common"])
+def test_package_imports_neither_engine_nor_worker(package: str) -> None:
+    leaks = sorted({f"{path.relative_to(SERVICES)}:{line} imports {module}"
+                    for path in sorted((SERVICES / package).rglob("*.py"))
+                    for line, module in imported_modules(path) if _forbidden(module)})
+    assert leaks == []
+
+
+def test_the_check_sees_a_leak(tmp_path: Path) -> None:
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text("def f():\n    from baton.services.engine.llm_engine import LLMEngine\n")
+    assert {m for _, m in imported_modules(leaky) if _forbidden(m)} == {
+        "baton.services.engine.llm_engine", "baton.services.engine.llm_engine.LLMEngine"}
+
+
+def test_importing_the_gateway_loads_no_engine_or_worker() -> None:
+    """The static check misses imports made by name; a fresh interpreter shows what actually loads."""
+    modules = [f"baton.services.gateway.{p.stem}" for p in (SERVICES / "gateway").glob("*.py")]
+    code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
+            f"print([m for m in sys.modules if m.startswith({FORBIDDEN[:2]!r})])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_pattern_catches_the_modules_that_moved() -> None:
+    moved = ("bench_throughput", "bench_decode", "sim_runner", "replay", "overload", "loopback")
+    assert all(BENCH_OR_SIM_NAME.search(name) for name in moved)
+    assert not BENCH_OR_SIM_NAME.search("scheduler") and not BENCH_OR_SIM_NAME.search("similarity")
+
+
+def test_no_service_package_holds_a_benchmark_or_simulator_module() -> None:
+    modules = _service_modules()
+    assert len(modules) > 40, "the walk found the service packages"
+    offenders = [str(p.relative_to(SERVICES)) for p in modules if BENCH_OR_SIM_NAME.search(p.stem)]
+    assert offenders == []
+
+
+def test_services_import_no_benchmark_or_simulator_but_the_sim_runner() -> None:
+    offenders = []
+    for path in _service_modules():
+        for _, name in imported_modules(path):
+            allowed = any(name == a or name.startswith(f"{a}.") for a in ALLOWED_LOADTEST_IMPORTS)
+            if name.startswith(("baton.loadtest.bench", "baton.loadtest.sim")) and not allowed:
+                offenders.append(f"{path.relative_to(SERVICES)}: {name}")
+    assert offenders == []
