@@ -30,7 +30,7 @@ import enum
 import itertools
 from dataclasses import dataclass
 
-from baton.services.engine.sampling_params import SamplingParams
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.sequence import Sequence
 
 
