@@ -1,4 +1,6 @@
-"""OpenAI /v1/completions and /v1/chat/completions: request models, engine inputs and response bodies.
+"""OpenAI /v1/completions and /v1/chat/completions: request models and engine inputs.
+
+The response bodies are openai_render's.
 
 Shared by `baton run-batch` and the HTTP gateway. Defaults and meanings follow vLLM's OpenAI server. A field
 Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for something must
@@ -6,7 +8,6 @@ learn it did not get it.
 """
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Literal
@@ -15,20 +16,16 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.common.prompt_scoring import parse_logit_bias, prompt_only, vllm_prompt_logprobs
+from baton.services.common.prompt_scoring import parse_logit_bias
 from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
-from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser,
-                                               message_with_calls)
+from baton.services.common.tool_parsers import FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-# OpenAI's JSON stand-in for -inf.
-MIN_LOGPROB = -9999.0
 
 
 class ProtocolError(ValueError):
@@ -211,26 +208,6 @@ class CompletionRequest(_Request):
         """The field that asks for logprobs, and how many top alternatives per token (None: no logprobs)."""
         return "logprobs", self.logprobs
 
-    def choice(self, out: RequestOutput, index: int, text_of: TokenText,
-               tool_parser: ToolParser | None = None) -> dict[str, Any]:
-        """The response's choice; completions have no tools, so `tool_parser` is None."""
-        logprobs = None if out.logprobs is None else completion_logprobs(out.logprobs, text_of)
-        text = out.text
-        if self.echo:
-            prompt_text = self.prompt if isinstance(self.prompt, str) else text_of.tokenizer.decode(self.prompt)
-            text = prompt_text + text
-            if out.logprobs is not None:
-                logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs or [None], out.logprobs,
-                                         text_of)
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason,
-                  "stop_reason": out.stop_reason}
-        if self.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs or [None], text_of, _clamp)
-        if self.return_token_ids:
-            choice.update(prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids)
-        return choice
-
-
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
@@ -335,18 +312,6 @@ class ChatCompletionRequest(_Request):
             return JsonArrayParser()  # its grammar already allows one call only, without parallel calls
         return auto if auto is None or self.parallel_tool_calls else FirstCallOnly(auto)
 
-    def choice(self, out: RequestOutput, index: int, text_of: TokenText,
-               tool_parser: ToolParser | None = None) -> dict[str, Any]:
-        logprobs = None if out.logprobs is None else {"content": [chat_logprob(lp, text_of) for lp in out.logprobs]}
-        message, called = message_with_calls(out.text, tool_parser)
-        finish_reason = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
-        choice = {"index": index, "message": message, "logprobs": logprobs,
-                  "finish_reason": finish_reason, "stop_reason": out.stop_reason}
-        if self.return_token_ids:
-            choice["token_ids"] = out.token_ids
-        return choice
-
-
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
 ENDPOINTS: dict[str, type[_Request]] = {"/v1/completions": CompletionRequest,
                                         "/v1/chat/completions": ChatCompletionRequest}
@@ -445,96 +410,6 @@ def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> 
             f"Please reduce the length of the input or of the completion.",
             param=field, code="context_length_exceeded")
     return requested
-
-
-class TokenText:
-    """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot)."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self.cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        if token_id not in self.cache:
-            self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return self.cache[token_id]
-
-
-def _clamp(logprob: float) -> float:
-    return max(logprob, MIN_LOGPROB)
-
-
-def completion_logprobs(logprobs: list[TokenLogprobs], text_of: TokenText, offset: int = 0) -> dict[str, list]:
-    """Completions-style logprobs; `offset` is where the first token's text starts (streamed chunks continue)."""
-    tokens, values, tops, offsets = [], [], [], []
-    for lp in logprobs:
-        token = text_of(lp.token_id)
-        tokens.append(token)
-        values.append(_clamp(lp.logprob))
-        offsets.append(offset)
-        offset += len(token)
-        # OpenAI's completions list the top k plus the chosen token when it is not among them.
-        # Tokens that render alike (byte fragments) share a key; the best-ranked keeps it.
-        top: dict[str, float] = {}
-        for t, v in lp.top.items():
-            top.setdefault(text_of(t), _clamp(v))
-        top.setdefault(token, _clamp(lp.logprob))
-        tops.append(top)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
-
-
-def echo_logprobs(prompt: list[int], prompt_logprobs: list[TokenLogprobs | None], generated: list[TokenLogprobs],
-                  text_of: TokenText) -> dict[str, list]:
-    """Completions logprobs with echo: the prompt's tokens first, the first one unscored (null), as OpenAI's."""
-    first = text_of(prompt[0])
-    rest = completion_logprobs([lp for lp in prompt_logprobs[1:] if lp is not None] + generated, text_of,
-                               offset=len(first))
-    return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
-            "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
-
-
-def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8"))}
-
-
-def chat_logprob(lp: TokenLogprobs, text_of: TokenText) -> dict[str, Any]:
-    entry = _chat_entry(text_of(lp.token_id), lp.logprob)
-    entry["top_logprobs"] = [_chat_entry(text_of(t), v) for t, v in lp.top.items()]
-    return entry
-
-
-def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """OpenAI's usage object; cached_tokens is the prompt's share served from the prefix cache."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-def build_response(request: OpenAIRequest, outputs: list[RequestOutput], tokenizer: PreTrainedTokenizerBase,
-                   model: str, response_id: str | None = None,
-                   tool_parser: ToolParser | None = None) -> dict[str, Any]:
-    """The response body for a finished request; outputs are its n choices in order. `tool_parser` reads tool
-    calls in the model family's format, for chat requests whose tool_choice is auto."""
-    chat = isinstance(request, ChatCompletionRequest)
-    text_of = TokenText(tokenizer)
-    parser = request.tool_parser(tool_parser) if chat else None
-    if request.scores_only:
-        outputs = [prompt_only(out) for out in outputs]
-    prompt_tokens = len(outputs[0].prompt_token_ids)
-    completion_tokens = sum(len(out.token_ids) for out in outputs)
-    body: dict[str, Any] = {
-        "id": response_id or new_response_id(request),
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [request.choice(out, i, text_of, parser) for i, out in enumerate(outputs)],
-        "usage": usage_body(prompt_tokens, completion_tokens, max(out.num_cached_tokens for out in outputs)),
-    }
-    if chat and request.return_token_ids:
-        body["prompt_token_ids"] = outputs[0].prompt_token_ids
-    if chat and request.prompt_logprobs is not None:  # vLLM puts chat's at the top level
-        body["prompt_logprobs"] = vllm_prompt_logprobs(outputs[0].prompt_logprobs or [None], text_of, _clamp)
-    return body
 
 
 def new_response_id(request: OpenAIRequest) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.common.outputs import TokenLogprobs
 
 MAX_BIAS = 100.0
 
@@ -26,14 +26,6 @@ def parse_logit_bias(raw: dict[str, float] | None, vocab_size: int | None) -> di
             raise ValueError(f"logit_bias for token {token} must be in [-100, 100], got {value}")
         bias[token] = float(value)
     return bias
-
-
-def prompt_only(out: RequestOutput) -> RequestOutput:
-    """max_tokens 0 with echo: the engine ran one token so the prompt was scored; the answer is the prompt alone."""
-    return RequestOutput(out.request_id, out.prompt_token_ids, token_ids=[], text="", num_new_tokens=0, new_text="",
-                         finished=out.finished, finish_reason="length", stop_reason=None,
-                         logprobs=[] if out.logprobs is not None else None, num_cached_tokens=out.num_cached_tokens,
-                         prompt_logprobs=out.prompt_logprobs)
 
 
 def vllm_prompt_logprobs(entries: list[TokenLogprobs | None], text_of: Callable[[int], str],

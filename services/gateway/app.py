@@ -16,7 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from transformers import PreTrainedTokenizerBase
 
 from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest, ProtocolError,
-                                                   build_response, new_response_id, parse_request, to_engine_input)
+                                                   new_response_id, parse_request, to_engine_input)
+from baton.services.common.openai_render import build_response
 from baton.services.common.tool_parsers import ToolParser
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import GatewayConfig
@@ -153,10 +154,8 @@ async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[
             work.cancel()
             log.info("request %s: client disconnected; aborted", api.response_id)
     states: list[ChoiceState] = work.result()
-    outputs = [s.as_output(api.oai.logprobs_k()[1] is not None, api.oai.prompt_logprobs_k() is not None)
-               for s in states]
     gateway = serving.gateway
-    return build_response(api.oai, outputs, gateway.tokenizer, gateway.model_name, api.response_id,
+    return build_response(api.oai, states, gateway.tokenizer, gateway.model_name, api.response_id,
                           gateway.tool_parser)
 
 

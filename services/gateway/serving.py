@@ -13,8 +13,9 @@ import grpc
 from opentelemetry import propagate, trace
 
 from baton.services.common.convert import params_to_proto
-from baton.services.common.openai_protocol import EngineInput, OpenAIRequest, TokenText
-from baton.services.gateway.choices import ChoiceState, ChunkWriter, sse
+from baton.services.common.openai_protocol import EngineInput, OpenAIRequest
+from baton.services.common.openai_render import ChunkWriter, TokenText, sse
+from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
 from baton.services.gateway.tenants import Tenant
@@ -66,7 +67,9 @@ class Serving:
                                              "baton.prompt_tokens": len(api.inp.prompt_token_ids)})
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
-        states = [ChoiceState(i, api.inp.prompt_token_ids) for i in range(api.inp.n)]
+        logprobs = api.oai.logprobs_k()[1] is not None
+        states = [ChoiceState(i, api.inp.prompt_token_ids, logprobs=[] if logprobs else None)
+                  for i in range(api.inp.n)]
         events: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.ensure_future(self._run_choice(api, s, events, tuple(carrier.items()))) for s in states]
         running = Running(api, states, events, tasks, span)
@@ -150,13 +153,13 @@ class Serving:
                 if item is _END:
                     continue
                 state = running.states[index]
-                logprobs = state.add(item)
+                new = state.add(item)
                 if item.token_ids:
                     now = time.monotonic()
                     if index in last_token_at:
                         self.gateway.metrics.itl.observe(now - last_token_at[index])
                     last_token_at[index] = now
-                yield writer.delta(state, item, logprobs)
+                yield writer.delta(state, new)
             options = api.oai.stream_options
             if options is not None and options.include_usage:
                 yield writer.usage(running.states)

@@ -7,8 +7,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from baton.services.common.openai_protocol import (COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
-                                                   CompletionRequest, ProtocolError, build_response,
-                                                   parse_request, to_engine_input)
+                                                   CompletionRequest, ProtocolError, parse_request,
+                                                   to_engine_input)
+from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -186,10 +187,10 @@ def test_parse_keeps_stream_options():
     assert request.stream and request.stream_options.include_usage is False
 
 
-def _output(request_id, token_ids, logprobs=None, finish="length", stop=None) -> RequestOutput:
-    return RequestOutput(request_id=request_id, prompt_token_ids=[1, 2, 3], token_ids=token_ids, text="out",
-                         num_new_tokens=1, new_text="", finished=True, finish_reason=finish, stop_reason=stop,
-                         logprobs=logprobs)
+def _output(request_id, token_ids, logprobs=None, finish="length", stop=None) -> Choice:
+    return Choice.of(RequestOutput(request_id=request_id, prompt_token_ids=[1, 2, 3], token_ids=token_ids,
+                                   text="out", num_new_tokens=1, new_text="", finished=True,
+                                   finish_reason=finish, stop_reason=stop, logprobs=logprobs))
 
 
 def _logprobs(tokens):
@@ -259,7 +260,7 @@ def test_echo_with_max_tokens_0_answers_the_prompt_alone(tokenizer):
     scored = [None, TokenLogprobs(6, -1.5, 2, {9: -0.5}), TokenLogprobs(7, -2.5, 1, {7: -2.5})]
     out = RequestOutput("r", [5, 6, 7], [11], "x", 1, "x", True, "length", logprobs=[TokenLogprobs(11, -0.1, 1)],
                         prompt_logprobs=scored)
-    choice = build_response(request, [out], tokenizer, "m")["choices"][0]
+    choice = build_response(request, [Choice.of(out)], tokenizer, "m")["choices"][0]
     texts = [tokenizer.decode([t]) for t in (5, 6, 7)]
     assert choice["text"] == tokenizer.decode([5, 6, 7]) and choice["finish_reason"] == "length"
     assert choice["logprobs"] == {

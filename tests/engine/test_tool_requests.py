@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from baton.services.common.openai_protocol import ProtocolError, build_response, parse_request, to_engine_input
+from baton.services.common.openai_protocol import ProtocolError, parse_request, to_engine_input
+from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput
 from baton.services.common.tool_parsers import HermesParser
 
@@ -93,9 +94,9 @@ def test_bad_tool_input_is_refused(tokenizer, body, param, fragment):
     assert fragment in info.value.message
 
 
-def _output(text: str, finish_reason: str = "stop") -> RequestOutput:
-    return RequestOutput(request_id="r", prompt_token_ids=[1], token_ids=[5, 6], text=text, num_new_tokens=2,
-                         new_text="", finished=True, finish_reason=finish_reason)
+def _output(text: str, finish_reason: str = "stop") -> Choice:
+    return Choice.of(RequestOutput(request_id="r", prompt_token_ids=[1], token_ids=[5, 6], text=text,
+                                   num_new_tokens=2, new_text="", finished=True, finish_reason=finish_reason))
 
 
 @pytest.mark.parametrize("tool_choice,text,calls", [
