@@ -20,7 +20,8 @@ from baton.services.common.prompt_scoring import parse_logit_bias
 from baton.services.common.sampling_params import SamplingParams, StructuredOutput
 from baton.services.common.structured_request import (ResponseFormat, StructuredOutputsParams,
                                                       structured_output_of)
-from baton.services.common.tool_parsers import FirstCallOnly, JsonArrayParser, NamedFunctionParser, ToolParser
+from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser,
+                                               ToolParser)
 from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1

@@ -6,8 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, new_response_id, parse_request,
-                                                   to_engine_input)
+from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, new_response_id,
+                                                   parse_request, to_engine_input)
 from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.tool_parsers import parser_for_model
@@ -67,7 +67,8 @@ def run_requests(engine: LLMEngine, requests: list[tuple[str, Any]]) -> list[dic
 
 
 def _response(engine: LLMEngine, submitted: _Submitted) -> dict[str, Any]:
-    choices = [Choice.of(submitted.outputs[engine_id], i) for i, engine_id in enumerate(submitted.engine_ids)]
+    choices = [Choice.of(submitted.outputs[engine_id], i)
+               for i, engine_id in enumerate(submitted.engine_ids)]
     parser = parser_for_model("auto", engine.model_config.model_type, engine.tokenizer)
-    return build_response(submitted.request, choices, engine.tokenizer, engine.model_id, submitted.response_id,
-                          parser)
+    return build_response(submitted.request, choices, engine.tokenizer, engine.model_id,
+                          submitted.response_id, parser)

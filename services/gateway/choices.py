@@ -1,5 +1,5 @@
-"""A choice's state as the workers' messages arrive. Text comes detokenized from the workers (stop strings
-resolved there); the OpenAI bodies made from it are openai_render's."""
+"""A choice's state as the workers' messages arrive. Text comes detokenized from the workers (stop
+strings resolved there); the OpenAI bodies made from it are openai_render's."""
 from __future__ import annotations
 
 from baton.services.common.convert import (logprob_from_proto, prompt_logprobs_from_proto,
@@ -9,7 +9,8 @@ from baton.v1 import worker_pb2 as pb
 
 
 class ChoiceState(Choice):
-    """A Choice filled from GenerateResponse messages; its logprobs start as [] when asked for, else None."""
+    """A Choice filled from GenerateResponse messages; its logprobs start as [] when asked for, else
+    None."""
 
     def add(self, message: pb.GenerateResponse) -> Delta:
         """Folds a message in; returns what it added (for the streamed chunk)."""

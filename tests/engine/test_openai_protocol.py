@@ -188,9 +188,10 @@ def test_parse_keeps_stream_options():
 
 
 def _output(request_id, token_ids, logprobs=None, finish="length", stop=None) -> Choice:
-    return Choice.of(RequestOutput(request_id=request_id, prompt_token_ids=[1, 2, 3], token_ids=token_ids,
-                                   text="out", num_new_tokens=1, new_text="", finished=True,
-                                   finish_reason=finish, stop_reason=stop, logprobs=logprobs))
+    out = RequestOutput(request_id=request_id, prompt_token_ids=[1, 2, 3], token_ids=token_ids,
+                        text="out", num_new_tokens=1, new_text="", finished=True,
+                        finish_reason=finish, stop_reason=stop, logprobs=logprobs)
+    return Choice.of(out)
 
 
 def _logprobs(tokens):

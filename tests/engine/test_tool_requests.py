@@ -95,8 +95,9 @@ def test_bad_tool_input_is_refused(tokenizer, body, param, fragment):
 
 
 def _output(text: str, finish_reason: str = "stop") -> Choice:
-    return Choice.of(RequestOutput(request_id="r", prompt_token_ids=[1], token_ids=[5, 6], text=text,
-                                   num_new_tokens=2, new_text="", finished=True, finish_reason=finish_reason))
+    out = RequestOutput(request_id="r", prompt_token_ids=[1], token_ids=[5, 6], text=text,
+                        num_new_tokens=2, new_text="", finished=True, finish_reason=finish_reason)
+    return Choice.of(out)
 
 
 @pytest.mark.parametrize("tool_choice,text,calls", [
