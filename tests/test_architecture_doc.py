@@ -1,5 +1,5 @@
-"""docs/architecture.md names files and functions so a newcomer can find each step; every one must exist,
-so that a rename or a move fails here rather than leaving the page quietly wrong."""
+"""docs/architecture.md names files and functions so a newcomer can find each step; every one
+must exist, so that a rename or a move fails here rather than leaving the page quietly wrong."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-TOP_DIRS = ("services/", "loadtest/", "proto/", "operators/", "kernels/", "tests/", "docs/", "deploy/")
+TOP_DIRS = ("services/", "loadtest/", "proto/", "operators/", "kernels/", "tests/", "docs/",
+            "deploy/")
 # `path` or `path:Name` or `path:Class.method`, in backticks
 SPAN = re.compile(r"`([^`\s]+)`")
 
@@ -37,8 +38,8 @@ def _names(path: str) -> dict[str, set[str]]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names[node.name] = set()
         elif isinstance(node, ast.ClassDef):
-            names[node.name] = {n.name for n in node.body
-                                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+            members = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+            names[node.name] = {n.name for n in node.body if isinstance(n, members)}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update({t.id: set() for t in targets if isinstance(t, ast.Name)})
@@ -46,7 +47,8 @@ def _names(path: str) -> dict[str, set[str]]:
 
 
 def test_the_page_names_code():
-    assert len(_paths()) > 30 and len(_references()) > 50  # the regex has not silently stopped matching
+    # The pattern has not silently stopped matching.
+    assert len(_paths()) > 30 and len(_references()) > 50
 
 
 @pytest.mark.parametrize("path", _paths())
