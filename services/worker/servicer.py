@@ -22,7 +22,7 @@ from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide, HandleNotFound, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
-from baton.services.worker.kv_transfer.base import KVTransferError
+from baton.services.worker.kv_transfer.base import KVStreamSource, KVTransferError
 from baton.services.worker.prefill import PrefillSide, UnknownHandle
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -144,7 +144,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def PullKV(self, request: pb.PullKVRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVChunk]:
         transport = self.prefill_side.transport
-        if transport.name != "grpc":
+        if not isinstance(transport, KVStreamSource):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this worker moves KV with {transport.name}")
         try:
             blocks = await self.prefill_side.leased_blocks(request.request_id,

@@ -1,6 +1,7 @@
 """One stack per mode for the gateway tests, shared by the whole session (starting one takes seconds)."""
 from __future__ import annotations
 
+import openai
 import pytest
 
 from tests.launcher import start_stack
@@ -53,3 +54,13 @@ def stack(request):
 @pytest.fixture
 def api_key(stack, disaggregated):
     return "sk-alpha" if stack is disaggregated else "unused"
+
+
+@pytest.fixture
+def client(stack, api_key):
+    return openai.OpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
+
+
+@pytest.fixture
+def async_client(stack, api_key):
+    return openai.AsyncOpenAI(base_url=stack.url, api_key=api_key, max_retries=0)

@@ -5,16 +5,10 @@ import asyncio
 import json
 
 import openai
-import pytest
 
 from baton.services.cli.main import main
 
 PROMPT = "Once upon a time there was"
-
-
-@pytest.fixture
-def client(stack, api_key):
-    return openai.OpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
 
 
 def test_models_list(client, model):

@@ -51,16 +51,6 @@ def _format(name: str) -> dict:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
 
 
-@pytest.fixture
-def client(stack, api_key):
-    return openai.OpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
-
-
-@pytest.fixture
-def async_client(stack, api_key):
-    return openai.AsyncOpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
-
-
 def _valid(text: str, schema: dict) -> None:
     jsonschema.validate(json.loads(text), schema)
 

@@ -39,16 +39,6 @@ FORCED = [("required", None), ({"type": "function", "function": {"name": "get_we
           ({"type": "function", "function": {"name": "get_time"}}, "get_time")]
 
 
-@pytest.fixture
-def client(stack, api_key):
-    return openai.OpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
-
-
-@pytest.fixture
-def async_client(stack, api_key):
-    return openai.AsyncOpenAI(base_url=stack.url, api_key=api_key, max_retries=0)
-
-
 def _kwargs(model, tool_choice, seed: int, **extra) -> dict:
     return {"model": model.name, "messages": MESSAGES, "tools": TOOLS, "tool_choice": tool_choice,
             "max_tokens": 300, "temperature": 1.0, "seed": seed, **extra}

@@ -8,6 +8,7 @@ differ in their number of blocks, never in the per-block shape.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -73,7 +74,7 @@ class TransferResult:
 class KVTransport(ABC):
     """One per worker. The prefill side only registers its cache and answers; the decode side calls `read`."""
 
-    name: str  # "nixl" or "grpc"
+    name: str  # "nixl", "grpc" or "cuda_ipc"
 
     @abstractmethod
     def local_peer(self) -> KVPeer:
@@ -92,6 +93,20 @@ class KVTransport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Releases registered memory and connections."""
+
+
+class KVStreamSource(ABC):
+    """The prefill side of a transport that the decode side pulls from over the worker's own gRPC port: the
+    worker's PullKV servicer streams the blocks from here, then reports the completed read."""
+
+    @abstractmethod
+    def stream_blocks(self, block_ids: list[int]) -> Iterator[pb.KVChunk]:
+        """Every layer of `block_ids`, layer-major. Raises KVTransferError ("invalid") at once for an unknown
+        block id, before the stream starts."""
+
+    @abstractmethod
+    def record_notification(self, msg: bytes) -> None:
+        """A pull finished: `take_notifications` hands `msg` to the prefill side."""
 
 
 def check_read(local: KVLayout, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int]) -> None:

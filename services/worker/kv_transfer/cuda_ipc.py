@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, KVTransport, TransferResult,
+from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, TransferResult,
                                                     check_read)
 from baton.services.worker.kv_transfer.copy import copy_blocks
 from baton.services.worker.kv_transfer.grpc_transport import byte_view
-from baton.services.worker.kv_transfer.telemetry import TransferMetrics, observe_read
+from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _closed_by_peer(conn: socket.socket) -> bool:
     return bool(readable)
 
 
-class CudaIpcKVTransport(KVTransport):
+class CudaIpcKVTransport(ObservedTransport):
     name = "cuda_ipc"
 
     def __init__(self, kv_cache: torch.Tensor, worker_name: str, host: str, port: int,
@@ -129,12 +129,6 @@ class CudaIpcKVTransport(KVTransport):
 
     def local_peer(self) -> KVPeer:
         return KVPeer(self._name, self._host, self._port, self._layout)
-
-    def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
-             timeout_s: float) -> TransferResult:
-        request_id = notification.decode("utf-8", "replace")
-        return observe_read(self._metrics, self.name, request_id,
-                            lambda: self._read(peer, remote_blocks, local_blocks, notification, timeout_s))
 
     def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
               timeout_s: float) -> TransferResult:

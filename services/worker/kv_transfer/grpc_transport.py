@@ -16,9 +16,9 @@ import grpc
 import numpy as np
 import torch
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, KVTransport, TransferResult,
-                                                    check_read)
-from baton.services.worker.kv_transfer.telemetry import TransferMetrics, observe_read
+from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVStreamSource, KVTransferError,
+                                                    TransferResult, check_read)
+from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
 # Chunks are small, but a larger block shape must never trip gRPC's 4 MiB default.
@@ -35,7 +35,7 @@ def byte_view(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.view(torch.uint8).view(layers, blocks, -1)
 
 
-class GrpcKVTransport(KVTransport):
+class GrpcKVTransport(ObservedTransport, KVStreamSource):
     name = "grpc"
 
     def __init__(self, kv_cache: torch.Tensor, worker_name: str, host: str, port: int,
@@ -54,16 +54,11 @@ class GrpcKVTransport(KVTransport):
 
     # Decode side.
 
-    def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
-             timeout_s: float) -> TransferResult:
-        request_id = notification.decode("utf-8", "replace")
-        return observe_read(self._metrics, self.name, request_id,
-                            lambda: self._read(peer, remote_blocks, local_blocks, request_id, timeout_s))
-
-    def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], request_id: str,
+    def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
               timeout_s: float) -> TransferResult:
         check_read(self._layout, peer, remote_blocks, local_blocks)
         start = time.perf_counter()
+        request_id = notification.decode("utf-8", "replace")
         address = f"{peer.host}:{peer.port}"
         stub = worker_pb2_grpc.WorkerStub(self._channel(address))
         request = worker_pb2.PullKVRequest(request_id=request_id, block_ids=remote_blocks)

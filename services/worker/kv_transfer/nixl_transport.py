@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, KVTransport, TransferResult,
+from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, TransferResult,
                                                     check_read)
 from baton.services.worker.kv_transfer.descriptors import coalesced_tables
 from baton.services.worker.kv_transfer.nixl_loader import configure_ucx_for_cuda, load_nixl
-from baton.services.worker.kv_transfer.telemetry import TransferMetrics, observe_read
+from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 
 __all__ = ["NixlKVTransport", "descriptor_indices", "descriptor_table", "load_nixl"]
 
@@ -62,7 +62,7 @@ class _Remote:
     dlist: Any  # the peer's prepared descriptor list
 
 
-class NixlKVTransport(KVTransport):
+class NixlKVTransport(ObservedTransport):
     name = "nixl"
 
     def __init__(self, kv_cache: torch.Tensor, agent_name: str, host: str, port: int,
@@ -89,12 +89,6 @@ class NixlKVTransport(KVTransport):
 
     def local_peer(self) -> KVPeer:
         return KVPeer(self._agent_name, self._host, self._port, self._layout)
-
-    def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
-             timeout_s: float) -> TransferResult:
-        request_id = notification.decode("utf-8", "replace")
-        return observe_read(self._metrics, self.name, request_id,
-                            lambda: self._read(peer, remote_blocks, local_blocks, notification, timeout_s))
 
     def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
               timeout_s: float) -> TransferResult:

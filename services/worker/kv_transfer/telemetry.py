@@ -4,12 +4,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import abstractmethod
 from typing import Callable
 from weakref import WeakKeyDictionary
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from baton.services.worker.kv_transfer.base import KVTransferError, TransferResult
+from baton.services.worker.kv_transfer.base import KVPeer, KVTransferError, KVTransport, TransferResult
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +59,21 @@ def observe_read(metrics: TransferMetrics | None, transport: str, request_id: st
         metrics.bytes.labels(transport).inc(result.num_bytes)
         metrics.duration.labels(transport).observe(result.seconds)
     return result
+
+
+class ObservedTransport(KVTransport):
+    """A transport whose `read` is its own `_read` inside the shared metrics and log line, keyed by the request
+    id the notification carries."""
+    name: str
+    _metrics: TransferMetrics | None
+
+    def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
+             timeout_s: float) -> TransferResult:
+        request_id = notification.decode("utf-8", "replace")
+        return observe_read(self._metrics, self.name, request_id,
+                            lambda: self._read(peer, remote_blocks, local_blocks, notification, timeout_s))
+
+    @abstractmethod
+    def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
+              timeout_s: float) -> TransferResult:
+        """The copy itself, with the same contract as `read`."""
