@@ -38,8 +38,8 @@ class BatchMasks:
         sources = torch.tensor([self.rows[seqs[i].request_id] for i in targets])
         allowed = unpack(self.bitmask[sources].to(logits.device, non_blocking=True), logits.shape[1])
         index = torch.tensor(targets, device=logits.device)
-        with torch.inference_mode():  # the model runner's logits are inference tensors
-            logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        # In place on the runner's inference-mode logits: `sample`, the only caller, runs in inference mode.
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
 class MaskBuilder:
