@@ -1,5 +1,5 @@
-"""The precision a kernel computes in: float32 for every activation dtype, float64 for float64 inputs (which the
-tests use to compare a kernel with its reference at the same precision)."""
+"""The precision a kernel computes in: float32 for every activation dtype, float64 for float64
+inputs (which the tests use to compare a kernel with its reference at the same precision)."""
 import torch
 import triton.language as tl
 

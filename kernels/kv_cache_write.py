@@ -20,7 +20,8 @@ def _write_kv_cache_kernel(
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < NUM_HEADS) & (d < HEAD_DIM)
-    k_dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co + h * stride_ch + d
+    k_dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (
+        slot % BLOCK_SIZE) * stride_co + h * stride_ch + d
     k = tl.load(key_ptr + tok * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(value_ptr + tok * stride_vt + h * stride_vh + d, mask=mask)
     tl.store(k_dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -30,7 +31,8 @@ def _write_kv_cache_kernel(
 def write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Write key/value [T, Hkv, D] into kv_cache [N, 2, B, Hkv, D] at slot_mapping [T]; slot -1 skips a token."""
+    """Write key/value [T, Hkv, D] into kv_cache [N, 2, B, Hkv, D] at slot_mapping [T]; slot -1
+    skips a token."""
     num_tokens, num_heads, head_dim = key.shape
     if num_tokens == 0:
         return

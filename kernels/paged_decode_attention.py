@@ -36,7 +36,8 @@ def _decode_kernel(
     heads = kv_head * GROUP + g
     d_mask = d < HEAD_DIM
     q_mask = (g < GROUP)[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=q_mask,
+                other=0.0)
     if UPCAST:  # the interpreter treats bf16 as raw uint16, so it must compute in fp32
         q = q.to(tl.float32)
 
@@ -47,8 +48,8 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     # Each step has at least one valid token, so m_i is finite after the first and no NaN arises.
     for start in range(0, ctx_len, BLOCK_N):
-        n, n_mask, k_t, v = load_kv_tile(k_base, table, start, ctx_len, d, d_mask, stride_cb, stride_ckv, stride_co,
-                                         BLOCK_N, BLOCK_SIZE, UPCAST)
+        n, n_mask, k_t, v = load_kv_tile(k_base, table, start, ctx_len, d, d_mask, stride_cb,
+                                         stride_ckv, stride_co, BLOCK_N, BLOCK_SIZE, UPCAST)
         s = tl.dot(q, k_t, input_precision="ieee") * scale_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc)
@@ -66,7 +67,8 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Attend query [S, Hq, D] (one token per sequence) to the first context_lens[s] cached tokens."""
+    """Attend query [S, Hq, D] (one token per sequence) to the first context_lens[s] cached
+    tokens."""
     num_seqs, num_q_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
     group = num_q_heads // num_kv_heads

@@ -55,7 +55,8 @@ def _prefill_kernel(
     d_mask = d < HEAD_DIM
     q_mask = (m < q_len)[:, None] & d_mask[None, :]
     rows = (q_start + m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :], mask=q_mask,
+                other=0.0)
     if UPCAST:  # the interpreter treats bf16 as raw uint16, so it must compute in fp32
         q = q.to(tl.float32)
     pos = prefix + m  # absolute position of each query row
@@ -70,8 +71,8 @@ def _prefill_kernel(
     # Key 0 is visible to every row (padding rows included), so m_i is finite after the
     # first step and later fully masked steps contribute exp2(-inf) = 0, never NaN.
     for start in range(0, kv_end, BLOCK_N):
-        n, n_mask, k_t, v = load_kv_tile(k_base, table, start, kv_end, d, d_mask, stride_cb, stride_ckv, stride_co,
-                                         BLOCK_N, BLOCK_SIZE, UPCAST)
+        n, n_mask, k_t, v = load_kv_tile(k_base, table, start, kv_end, d, d_mask, stride_cb,
+                                         stride_ckv, stride_co, BLOCK_N, BLOCK_SIZE, UPCAST)
         s = tl.dot(q, k_t, input_precision="ieee") * scale_log2
         s = tl.where(n_mask[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
         m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc)

@@ -8,7 +8,8 @@ import torch
 def write_kv_cache_ref(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Write key/value [T, Hkv, D] into kv_cache [N, 2, B, Hkv, D] at slot_mapping [T]; slot -1 skips a token."""
+    """Write key/value [T, Hkv, D] into kv_cache [N, 2, B, Hkv, D] at slot_mapping [T]; slot -1
+    skips a token."""
     block_size = kv_cache.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
@@ -21,7 +22,8 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather(kv_cache: torch.Tensor, blocks: torch.Tensor,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V for block ids [..., nb] as [..., nb * B, Hkv, D]."""
     kv = kv_cache[blocks.long()].to(dtype)  # [..., nb, 2, B, Hkv, D]
     k, v = kv.select(-4, 0), kv.select(-4, 1)
@@ -35,7 +37,8 @@ def paged_decode_attention_ref(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Attend query [S, Hq, D] (one token per sequence) to the first context_lens[s] cached tokens."""
+    """Attend query [S, Hq, D] (one token per sequence) to the first context_lens[s] cached
+    tokens."""
     num_seqs, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     dtype = _compute_dtype(query.dtype)
@@ -83,13 +86,15 @@ def paged_prefill_attention_ref(
         pos = torch.arange(ctx_len - (hi - lo), ctx_len, device=query.device)
         causal = torch.arange(ctx_len, device=query.device)[None, :] <= pos[:, None]
         probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        out[lo:hi] = torch.einsum("kgql,lkd->qkgd", probs, v).reshape(hi - lo, num_q_heads, head_dim).to(query.dtype)
+        out[lo:hi] = torch.einsum("kgql,lkd->qkgd", probs, v).reshape(hi - lo, num_q_heads,
+                                                                      head_dim).to(query.dtype)
     return out
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm of x [T, N] in at least fp32. With residual: residual += x in place first, and the sum is normalized."""
+    """RMSNorm of x [T, N] in at least fp32. With residual: residual += x in place first, and the
+    sum is normalized."""
     if residual is not None:
         residual.copy_(residual + x)
         x = residual
@@ -106,7 +111,8 @@ def silu_and_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      positions: torch.Tensor) -> None:
-    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place by the rows `positions` [T] of cos/sin [P, D]."""
+    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place by the rows `positions` [T] of cos/sin [P,
+    D]."""
     for x in (q, k):
         dtype = _compute_dtype(x.dtype)
         c = cos[positions.long()].to(dtype).unsqueeze(1)

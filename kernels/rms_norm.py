@@ -11,8 +11,8 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACC: tl.constexpr,
 ):
-    # One program per row: the whole row is one read, so x + residual, the sum of squares and the scaling
-    # cost one pass over memory instead of the four small kernels torch launches.
+    # One program per row: the whole row is one read, so x + residual, the sum of squares and the
+    # scaling cost one pass over memory instead of the four small kernels torch launches.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -29,16 +29,29 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm of x [T, N]. With residual [T, N]: residual += x in place first, and the sum is normalized."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of x [T, N]. With residual [T, N]: residual += x in place first, and the sum is
+    normalized."""
     rows, n = x.shape
     out = torch.empty_like(x)
     if rows == 0:
         return out
-    assert x.stride(-1) == 1 and weight.is_contiguous() and (residual is None or residual.stride(-1) == 1)
+    assert x.stride(-1) == 1 and weight.is_contiguous() and (residual is None or
+                                                             residual.stride(-1) == 1)
     res = x if residual is None else residual
-    _rms_norm_kernel[(rows,)](
-        x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), eps,
-        N=n, BLOCK_N=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None, ACC=accumulator(x.dtype),
+    _rms_norm_kernel[(rows, )](
+        x,
+        res,
+        weight,
+        out,
+        x.stride(0),
+        res.stride(0),
+        out.stride(0),
+        eps,
+        N=n,
+        BLOCK_N=triton.next_power_of_2(n),
+        HAS_RESIDUAL=residual is not None,
+        ACC=accumulator(x.dtype),
     )
     return out

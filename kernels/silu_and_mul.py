@@ -1,4 +1,5 @@
-"""SwiGLU's gate: silu(gate) * up in one pass, instead of torch's two kernels and an intermediate tensor."""
+"""SwiGLU's gate: silu(gate) * up in one pass, instead of torch's two kernels and an intermediate
+tensor."""
 import torch
 import triton
 import triton.language as tl
@@ -21,12 +22,15 @@ def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_g, stride_u, stride_o
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gate, up [T, N] (rows may be strided, e.g. halves of a fused projection)."""
+    """silu(gate) * up for gate, up [T, N] (rows may be strided, e.g. halves of a fused
+    projection)."""
     rows, n = gate.shape
     out = torch.empty((rows, n), dtype=gate.dtype, device=gate.device)
     if rows == 0:
         return out
     assert gate.stride(-1) == 1 and up.stride(-1) == 1
-    _silu_and_mul_kernel[(rows, triton.cdiv(n, _BLOCK))](
-        gate, up, out, gate.stride(0), up.stride(0), out.stride(0), N=n, BLOCK=_BLOCK, ACC=accumulator(gate.dtype))
+    _silu_and_mul_kernel[(rows, triton.cdiv(n,
+                                            _BLOCK))](gate, up, out, gate.stride(0), up.stride(0),
+                                                      out.stride(0), N=n, BLOCK=_BLOCK,
+                                                      ACC=accumulator(gate.dtype))
     return out

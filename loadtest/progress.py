@@ -1,4 +1,5 @@
-"""The progress bar a load test shows while it runs: requests done out of scheduled, and how many went wrong."""
+"""The progress bar a load test shows while it runs: requests done out of scheduled, and how many
+went wrong."""
 from __future__ import annotations
 
 import sys
@@ -11,8 +12,8 @@ from baton.loadtest.stats import OK, RequestResult
 class Progress:
     def __init__(self, total: int | None, description: str, enabled: bool = True) -> None:
         # On stderr, so --output-json - or a piped table on stdout stays clean.
-        self.bar = tqdm(total=total, desc=description, unit="req", file=sys.stderr, disable=not enabled,
-                        dynamic_ncols=True)
+        self.bar = tqdm(total=total, desc=description, unit="req", file=sys.stderr,
+                        disable=not enabled, dynamic_ncols=True)
         self.not_ok = 0
 
     def done(self, result: RequestResult) -> None:

@@ -1,4 +1,5 @@
-"""How a load test's results are shown: a table for people, JSON for tools, PNG plots for the docs."""
+"""How a load test's results are shown: a table for people, JSON for tools, PNG plots for the
+docs."""
 from __future__ import annotations
 
 import json
@@ -18,22 +19,28 @@ def _fmt(value: object) -> str:
 
 def table(summary: dict, title: str = "") -> str:
     """The summary of one run as an aligned text table."""
-    rows = [("requests (completed/refused/failed)",
-             f"{summary['requests']} ({summary['completed']}/{summary['refused']}/{summary['failed']})"),
+    rows = [(
+        "requests (completed/refused/failed)",
+        f"{summary['requests']} ({summary['completed']}/{summary['refused']}/{summary['failed']})"),
             ("duration (s)", _fmt(summary["duration_s"])),
             ("throughput (req/s, out tok/s)",
-             f"{_fmt(summary['request_throughput_rps'])}, {_fmt(summary['output_throughput_tps'])}")]
-    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+             f"{_fmt(summary['request_throughput_rps'])}, {_fmt(summary['output_throughput_tps'])}")
+            ]
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms",
+                                                                                    "E2E")):
         s = summary[key]
-        rows.append((f"{name} ms (mean p50 p90 p99)", " ".join(_fmt(s[k]) for k in ("mean", "p50", "p90", "p99"))))
+        rows.append((f"{name} ms (mean p50 p90 p99)",
+                     " ".join(_fmt(s[k]) for k in ("mean", "p50", "p90", "p99"))))
     if summary.get("prefix_hit_ratio") is not None:
         bound = summary.get("prefix_reuse_bound")
-        rows.append(("prefix cache hits (share of prompt tokens)", f"{summary['prefix_hit_ratio']:.1%}"
-                     + (f" (unlimited-cache bound {bound:.1%})" if bound is not None else "")))
+        rows.append(
+            ("prefix cache hits (share of prompt tokens)", f"{summary['prefix_hit_ratio']:.1%}" +
+             (f" (unlimited-cache bound {bound:.1%})" if bound is not None else "")))
     slo = summary["slo"]
     if summary["slo_attainment"] is not None:
-        rows.append((f"SLO attainment (TTFT<={_fmt(slo['ttft_ms'])}ms TPOT<={_fmt(slo['tpot_ms'])}ms)",
-                     f"{summary['slo_attainment']:.1%}"))
+        rows.append(
+            (f"SLO attainment (TTFT<={_fmt(slo['ttft_ms'])}ms TPOT<={_fmt(slo['tpot_ms'])}ms)",
+             f"{summary['slo_attainment']:.1%}"))
         rows.append(("goodput (req/s meeting SLO)", _fmt(summary["goodput_rps"])))
     width = max(len(k) for k, _ in rows)
     lines = [title] if title else []
@@ -46,9 +53,12 @@ def sweep_table(points: Sequence[dict], distserve: float | None) -> str:
     lines = ["rate   done/ref/fail  TTFT p90  TPOT p90  ITL p99  attain  goodput"]
     for p in points:
         s = p["summary"]
-        lines.append(f"{p['rate']:<6g} {s['completed']:>4}/{s['refused']}/{s['failed']:<6} "
-                     f"{_fmt(s['ttft_ms']['p90']):>8}  {_fmt(s['tpot_ms']['p90']):>8}  "
-                     f"{_fmt(s['itl_ms']['p99']):>7}  {_fmt(s['slo_attainment']):>6}  {_fmt(s['goodput_rps'])}")
+        lines.append(
+            f"{p['rate']:<6g} {s['completed']:>4}/{s['refused']}/{s['failed']:<6} "
+            f"{_fmt(s['ttft_ms']['p90']):>8}  {_fmt(s['tpot_ms']['p90']):>8}  "
+            f"{_fmt(s['itl_ms']['p99']):>7}  {_fmt(s['slo_attainment']):>6}  "
+            f"{_fmt(s['goodput_rps'])}"
+        )
     lines.append(f"DistServe goodput (highest rate with >=90% attainment): {_fmt(distserve)} req/s")
     return "\n".join(lines)
 
@@ -80,7 +90,8 @@ def _cdf(ax, values_ms: Sequence[float], label: str, xlabel: str) -> None:
 
 
 def plot_run(results: Sequence[RequestResult], folder: str, label: str = "run") -> list[Path]:
-    """TTFT and ITL CDFs, and latency over time (TTFT and E2E by send time; refusals and failures marked)."""
+    """TTFT and ITL CDFs, and latency over time (TTFT and E2E by send time; refusals and failures
+    marked)."""
     plt, out = _pyplot(), Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in results if r.status == OK]
@@ -97,7 +108,8 @@ def plot_run(results: Sequence[RequestResult], folder: str, label: str = "run") 
     ax.scatter([r.start_s for r in ok], [r.e2e_s * 1000 for r in ok], s=6, label="E2E")
     bad = [r for r in results if r.status != OK]
     if bad:
-        ax.scatter([r.start_s for r in bad], [0] * len(bad), marker="x", color="red", label="refused/failed")
+        ax.scatter([r.start_s for r in bad], [0] * len(bad), marker="x", color="red",
+                   label="refused/failed")
     ax.set_xlabel("send time (s)")
     ax.set_ylabel("latency (ms)")
     ax.legend()
@@ -110,13 +122,16 @@ def plot_run(results: Sequence[RequestResult], folder: str, label: str = "run") 
 
 
 def plot_sweep(points: Sequence[dict], folder: str) -> Path:
-    """Goodput and throughput against offered rate: where they part is where the SLO starts to be missed."""
+    """Goodput and throughput against offered rate: where they part is where the SLO starts to be
+    missed."""
     plt, path = _pyplot(), Path(folder) / "goodput_vs_rate.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     rates = [p["rate"] for p in points]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(rates, [p["summary"]["request_throughput_rps"] for p in points], "o-", label="throughput")
-    ax.plot(rates, [p["summary"]["goodput_rps"] or 0 for p in points], "s-", label="goodput (meets SLO)")
+    ax.plot(rates, [p["summary"]["request_throughput_rps"] for p in points], "o-",
+            label="throughput")
+    ax.plot(rates, [p["summary"]["goodput_rps"] or 0 for p in points], "s-",
+            label="goodput (meets SLO)")
     ax.plot(rates, rates, ":", color="gray", label="offered")
     ax.set_xlabel("offered rate (req/s)")
     ax.set_ylabel("req/s")
@@ -140,17 +155,22 @@ def _figure(point: dict, key: str, quantile: str | None) -> float | None:
 
 def comparison_table(runs: dict[str, dict]) -> str:
     """Sweeps of several systems over the same rates, one row per rate and system (Markdown)."""
-    lines = ["| rate | system | done/refused/failed | " + " | ".join(name for _, name, _ in COMPARED) + " |",
-             "|---" * (3 + len(COMPARED)) + "|"]
+    lines = [
+        "| rate | system | done/refused/failed | " + " | ".join(name
+                                                                for _, name, _ in COMPARED) + " |",
+        "|---" * (3 + len(COMPARED)) + "|"
+    ]
     rates = sorted({p["rate"] for data in runs.values() for p in data["points"]})
     for rate in rates:
         for label, data in runs.items():
             for p in (p for p in data["points"] if p["rate"] == rate):
                 s = p["summary"]
                 cells = [_fmt(_figure(p, key, q)) for key, _, q in COMPARED]
-                lines.append(f"| {rate:g} | {label} | {s['completed']}/{s['refused']}/{s['failed']} | "
-                             + " | ".join(cells) + " |")
-    best = ", ".join(f"{label} {_fmt(data.get('distserve_goodput_rps'))}" for label, data in runs.items())
+                lines.append(
+                    f"| {rate:g} | {label} | {s['completed']}/{s['refused']}/{s['failed']} | " +
+                    " | ".join(cells) + " |")
+    best = ", ".join(f"{label} {_fmt(data.get('distserve_goodput_rps'))}"
+                     for label, data in runs.items())
     lines.append(f"\nDistServe goodput (highest rate with >=90% attainment, req/s): {best}")
     return "\n".join(lines)
 
@@ -163,7 +183,8 @@ def plot_comparison(runs: dict[str, dict], folder: str) -> Path:
     for ax, (key, name, q) in zip(axes, (COMPARED[0], COMPARED[3], COMPARED[5])):
         for label, data in runs.items():
             points = sorted(data["points"], key=lambda p: p["rate"])
-            ax.plot([p["rate"] for p in points], [_figure(p, key, q) or 0 for p in points], "o-", label=label)
+            ax.plot([p["rate"] for p in points], [_figure(p, key, q) or 0 for p in points], "o-",
+                    label=label)
         ax.set_xlabel("offered rate (req/s)")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)

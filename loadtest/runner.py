@@ -1,9 +1,9 @@
-"""Drives one load-test run: open-loop (requests sent at scheduled times, answered or not) or closed-loop (a fixed
-number of users, each sending its next request when the last one ends).
+"""Drives one load-test run: open-loop (requests sent at scheduled times, answered or not) or
+closed-loop (a fixed number of users, each sending its next request when the last one ends).
 
-Every run is bounded: nothing new is sent after `duration_s`, requests still running get `drain_timeout_s` more,
-and whatever is left then is cancelled and counted as failed. A load test that never ends would hide exactly the
-requests a stuck server loses.
+Every run is bounded: nothing new is sent after `duration_s`, requests still running get
+`drain_timeout_s` more, and whatever is left then is cancelled and counted as failed. A load test
+that never ends would hide exactly the requests a stuck server loses.
 """
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ class RunResult:
     results: list[RequestResult]
     duration_s: float  # first send to last answer (or the drain deadline)
     scheduled: int
-    answered_prompts: list[list[int]] = field(default_factory=list)  # the answered requests' prompts, in send order
+    # the answered requests' prompts, in send order
+    answered_prompts: list[list[int]] = field(default_factory=list)
 
 
 class _Run:
-    def __init__(self, target: Target, duration_s: float, drain_timeout_s: float, progress: Progress) -> None:
+
+    def __init__(self, target: Target, duration_s: float, drain_timeout_s: float,
+                 progress: Progress) -> None:
         self.target = target
         self.duration_s = duration_s
         self.drain_timeout_s = drain_timeout_s
@@ -43,15 +46,17 @@ class _Run:
     def elapsed(self) -> float:
         return time.perf_counter() - self.origin
 
-    async def one(self, client: httpx.AsyncClient, request: LoadRequest, after: asyncio.Task | None) -> None:
+    async def one(self, client: httpx.AsyncClient, request: LoadRequest,
+                  after: asyncio.Task | None) -> None:
         try:
             if after is not None:
                 await asyncio.wait([after])
-            result = await send_completion(client, self.target, self.target.prompt_of(request), request.output_len,
-                                           self.origin, len(request.prompt))
+            result = await send_completion(client, self.target, self.target.prompt_of(request),
+                                           request.output_len, self.origin, len(request.prompt))
         except asyncio.CancelledError:
-            result = RequestResult(self.elapsed(), FAILED, prompt_tokens=len(request.prompt),
-                                   error=f"not finished {self.drain_timeout_s:g}s after the end of the run")
+            result = RequestResult(
+                self.elapsed(), FAILED, prompt_tokens=len(request.prompt),
+                error=f"not finished {self.drain_timeout_s:g}s after the end of the run")
         self.results.append(result)
         if result.status == OK:
             self.answered.append((result.start_s, request.prompt))
@@ -77,7 +82,8 @@ class _Run:
             await asyncio.wait(pending)
 
 
-async def _open_loop(run: _Run, client: httpx.AsyncClient, schedule: list[tuple[float, LoadRequest]]) -> None:
+async def _open_loop(run: _Run, client: httpx.AsyncClient,
+                     schedule: list[tuple[float, LoadRequest]]) -> None:
     tasks: set[asyncio.Task] = set()
     for at, request in schedule:
         delay = at - run.elapsed()
@@ -89,7 +95,8 @@ async def _open_loop(run: _Run, client: httpx.AsyncClient, schedule: list[tuple[
 
 async def _closed_loop(run: _Run, client: httpx.AsyncClient, requests: Iterator[LoadRequest],
                        concurrency: int) -> None:
-    lock = asyncio.Lock()  # one shared stream of requests, so every user draws the next one in order
+    # one shared stream of requests, so every user draws the next one in order
+    lock = asyncio.Lock()
 
     async def user() -> None:
         while run.elapsed() < run.duration_s:
@@ -103,15 +110,17 @@ async def _closed_loop(run: _Run, client: httpx.AsyncClient, requests: Iterator[
 
 
 def _client(connections: int) -> httpx.AsyncClient:
-    # No read timeout of its own: the drain deadline bounds every request, and a long prefill under overload
-    # is a latency to measure, not an error.
+    # No read timeout of its own: the drain deadline bounds every request, and a long prefill under
+    # overload is a latency to measure, not an error.
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits)
 
 
-async def run_open_loop(target: Target, schedule: list[tuple[float, LoadRequest]], duration_s: float,
+async def run_open_loop(target: Target, schedule: list[tuple[float,
+                                                             LoadRequest]], duration_s: float,
                         drain_timeout_s: float = 60.0, show_progress: bool = True) -> RunResult:
-    """Sends each request at its time (seconds from the start; times past duration_s are not sent)."""
+    """Sends each request at its time (seconds from the start; times past duration_s are not
+    sent)."""
     schedule = [(at, r) for at, r in schedule if at < duration_s]
     progress = Progress(len(schedule), "loadtest", show_progress)
     run = _Run(target, duration_s, drain_timeout_s, progress)
@@ -123,8 +132,9 @@ async def run_open_loop(target: Target, schedule: list[tuple[float, LoadRequest]
     return RunResult(run.results, _span(run), len(schedule), run.answered_in_order())
 
 
-async def run_closed_loop(target: Target, requests: Iterator[LoadRequest], concurrency: int, duration_s: float,
-                          drain_timeout_s: float = 60.0, show_progress: bool = True) -> RunResult:
+async def run_closed_loop(target: Target, requests: Iterator[LoadRequest], concurrency: int,
+                          duration_s: float, drain_timeout_s: float = 60.0,
+                          show_progress: bool = True) -> RunResult:
     progress = Progress(None, f"loadtest c={concurrency}", show_progress)
     run = _Run(target, duration_s, drain_timeout_s, progress)
     try:
@@ -136,11 +146,13 @@ async def run_closed_loop(target: Target, requests: Iterator[LoadRequest], concu
 
 
 def _span(run: _Run) -> float:
-    """The run's wall time: from the start to when the last request ended (at least the planned duration, so a
-    server that answers nothing does not get a tiny denominator)."""
+    """The run's wall time: from the start to when the last request ended (at least the planned
+    duration, so a server that answers nothing does not get a tiny denominator)."""
     return max(run.duration_s, run.elapsed())
 
 
-def schedule(times: list[float], requests: Iterator[LoadRequest]) -> list[tuple[float, LoadRequest]]:
-    """Pairs send times with the workload's requests in order (a trace shorter than the schedule ends it)."""
+def schedule(times: list[float],
+             requests: Iterator[LoadRequest]) -> list[tuple[float, LoadRequest]]:
+    """Pairs send times with the workload's requests in order (a trace shorter than the schedule
+    ends it)."""
     return list(zip(times, itertools.islice(requests, len(times))))

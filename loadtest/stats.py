@@ -4,9 +4,9 @@ Conventions (those of vLLM's benchmark_serving and DistServe, so figures compare
 - TTFT: request sent to first token received; E2E: sent to last token.
 - TPOT per request: (E2E - TTFT) / (output tokens - 1); undefined for one-token answers.
 - ITL: every gap between consecutive streamed tokens, pooled over all requests.
-- A request meets the SLO when it was answered, its TTFT is within the TTFT target and its TPOT (when defined)
-  within the TPOT target. Refused and failed requests never meet it: they are counted, not dropped, so an
-  overloaded server cannot look fast by turning work away.
+- A request meets the SLO when it was answered, its TTFT is within the TTFT target and its TPOT
+  (when defined) within the TPOT target. Refused and failed requests never meet it: they are
+  counted, not dropped, so an overloaded server cannot look fast by turning work away.
 - Attainment: requests meeting the SLO over all requests sent.
 - Goodput, vLLM's way: requests meeting the SLO per second of the run.
 - Goodput, DistServe's way: the highest request rate of a sweep at which attainment is at least 90%.
@@ -32,7 +32,8 @@ class RequestResult:
     itls_s: list[float] = field(default_factory=list)
     output_tokens: int = 0
     prompt_tokens: int = 0
-    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
+    # prompt tokens the server took from its prefix cache, when it says
+    cached_tokens: int | None = None
     error: str = ""
     refusal_s: float | None = None  # refused: from sending the request to receiving the refusal
 
@@ -60,8 +61,10 @@ class SLO:
         return self.tpot_ms is None or tpot is None or tpot * 1000 <= self.tpot_ms
 
 
-def percentiles(values: Sequence[float], ps: Iterable[float] = PERCENTILES) -> dict[str, float | None]:
-    """p50/p90/p99 by linear interpolation between order statistics (numpy's default, as vLLM reports)."""
+def percentiles(values: Sequence[float],
+                ps: Iterable[float] = PERCENTILES) -> dict[str, float | None]:
+    """p50/p90/p99 by linear interpolation between order statistics (numpy's default, as vLLM
+    reports)."""
     if len(values) == 0:
         return {f"p{p:g}": None for p in ps}
     arr = np.asarray(values, dtype=float)
@@ -87,23 +90,24 @@ def goodput_rps(results: Sequence[RequestResult], slo: SLO, duration_s: float) -
 
 def distserve_goodput(points: Sequence[tuple[float, float | None]],
                       target: float = DISTSERVE_ATTAINMENT) -> float | None:
-    """DistServe's goodput: the highest rate among (rate, attainment) points whose attainment is at least target;
-    None when none is (the sweep started above what the system can serve)."""
+    """DistServe's goodput: the highest rate among (rate, attainment) points whose attainment is at
+    least target; None when none is (the sweep started above what the system can serve)."""
     good = [rate for rate, att in points if att is not None and att >= target]
     return max(good) if good else None
 
 
 def prefix_hit_ratio(results: Sequence[RequestResult]) -> float | None:
-    """Share of the prompt tokens the server served from its prefix cache, over the answers that report it."""
+    """Share of the prompt tokens the server served from its prefix cache, over the answers that
+    report it."""
     told = [r for r in results if r.status == OK and r.cached_tokens is not None]
     prompt = sum(r.prompt_tokens for r in told)
     return sum(r.cached_tokens for r in told) / prompt if prompt else None
 
 
 def prefix_reuse_bound(prompts: Iterable[Sequence[int]], block_size: int) -> float | None:
-    """Share of prompt tokens one unlimited prefix cache seeing every prompt in order could serve: the hit ratio
-    of a perfect router over caches that never evict. Block-granular, and like a real engine it always computes a
-    prompt's last token."""
+    """Share of prompt tokens one unlimited prefix cache seeing every prompt in order could serve:
+    the hit ratio of a perfect router over caches that never evict. Block-granular, and like a real
+    engine it always computes a prompt's last token."""
     seen: set[int] = set()
     hits = total = 0
     for prompt in prompts:
@@ -118,17 +122,23 @@ def prefix_reuse_bound(prompts: Iterable[Sequence[int]], block_size: int) -> flo
     return hits / total if total else None
 
 
-def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO = SLO()) -> dict[str, object]:
-    """Everything the report prints, as plain numbers (JSON-ready). duration_s is the run's wall time."""
+def summarize(results: Sequence[RequestResult], duration_s: float,
+              slo: SLO = SLO()) -> dict[str, object]:
+    """Everything the report prints, as plain numbers (JSON-ready). duration_s is the run's wall
+    time."""
     ok = [r for r in results if r.status == OK]
     counts = {s: sum(r.status == s for r in results) for s in (OK, REFUSED, FAILED)}
     tokens = sum(r.output_tokens for r in ok)
     return {
-        "requests": len(results), "completed": counts[OK], "refused": counts[REFUSED], "failed": counts[FAILED],
+        "requests": len(results),
+        "completed": counts[OK],
+        "refused": counts[REFUSED],
+        "failed": counts[FAILED],
         "duration_s": duration_s,
         "request_throughput_rps": counts[OK] / duration_s if duration_s > 0 else None,
         "output_throughput_tps": tokens / duration_s if duration_s > 0 else None,
-        "output_tokens": tokens, "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "output_tokens": tokens,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "prefix_hit_ratio": prefix_hit_ratio(results),
         "ttft_ms": _latency([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_ms": _latency([t for r in ok if (t := r.tpot_s) is not None]),

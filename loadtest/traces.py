@@ -1,7 +1,8 @@
-"""Readers for the public request traces under `shared/traces` (Azure LLM inference 2023, Mooncake FAST'25).
+"""Readers for the public request traces under `shared/traces` (Azure LLM inference 2023, Mooncake
+FAST'25).
 
-The traces are data kept beside the repository, not in it: `<repo>/../shared/traces` unless `BATON_TRACES_DIR`
-(or an explicit folder) says otherwise.
+The traces are data kept beside the repository, not in it: `<repo>/../shared/traces` unless
+`BATON_TRACES_DIR` (or an explicit folder) says otherwise.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class TraceRequest:
 def default_traces_dir() -> Path:
     if os.environ.get(TRACES_DIR_ENV):
         return Path(os.environ[TRACES_DIR_ENV])
-    # loadtest/ sits at the repository root, so parents[1] is the root whatever the working directory.
+    # loadtest/ sits at the repository root, so parents[1] is the root whatever the working
+    # directory.
     return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
@@ -44,7 +46,8 @@ def trace_path(name: str, traces_dir: str | Path | None = None) -> Path:
         raise ValueError(f"trace must be one of {tuple(TRACE_FILES)}, not {name!r}")
     path = Path(traces_dir or default_traces_dir()) / TRACE_FILES[name]
     if not path.is_file():
-        raise FileNotFoundError(f"trace file {path} not found; point --traces-dir or ${TRACES_DIR_ENV} at the traces")
+        raise FileNotFoundError(
+            f"trace file {path} not found; point --traces-dir or ${TRACES_DIR_ENV} at the traces")
     return path
 
 
@@ -60,8 +63,8 @@ def _mooncake_rows(path: Path) -> Iterator[TraceRequest]:
         for line in f:
             if line.strip():
                 row = json.loads(line)
-                yield TraceRequest(row["timestamp"] / 1000.0, row["input_length"], row["output_length"],
-                                   tuple(row["hash_ids"]))
+                yield TraceRequest(row["timestamp"] / 1000.0, row["input_length"],
+                                   row["output_length"], tuple(row["hash_ids"]))
 
 
 def iter_trace(name: str, traces_dir: str | Path | None = None) -> Iterator[TraceRequest]:
@@ -70,5 +73,6 @@ def iter_trace(name: str, traces_dir: str | Path | None = None) -> Iterator[Trac
     return _mooncake_rows(path) if path.suffix == ".jsonl" else _azure_rows(path)
 
 
-def read_trace(name: str, traces_dir: str | Path | None = None, limit: int | None = None) -> list[TraceRequest]:
+def read_trace(name: str, traces_dir: str | Path | None = None,
+               limit: int | None = None) -> list[TraceRequest]:
     return list(islice(iter_trace(name, traces_dir), limit))

@@ -1,5 +1,6 @@
-"""What a BatonDeployment becomes: the router (with the RBAC its EndpointSlice watch needs) and the gateway
-(Deployments, Services, PDBs), and a WorkerPool per role. Each pod gets its settings as `baton ...` flags."""
+"""What a BatonDeployment becomes: the router (with the RBAC its EndpointSlice watch needs) and the
+gateway (Deployments, Services, PDBs), and a WorkerPool per role. Each pod gets its settings as
+`baton ...` flags."""
 from __future__ import annotations
 
 from typing import Any
@@ -20,7 +21,8 @@ POLICY_ARGS = {"prefix-aware": [], "least-loaded": ["--scorers", LEAST_LOADED_SC
 
 
 def router_url(name: str, settings: OperatorSettings) -> str:
-    """The router's HTTP server (/stats, /admin/drain), which the operator's autoscaler and drain call."""
+    """The router's HTTP server (/stats, /admin/drain), which the operator's autoscaler and drain
+    call."""
     return f"http://{r.router_name(name)}:{settings.probe_port}"
 
 
@@ -30,20 +32,27 @@ def slos_arg(slos: list[Obj]) -> str:
 
 
 def router_args(body: Obj, spec: Obj, settings: OperatorSettings) -> list[str]:
-    """The router finds workers through the EndpointSlices of the pools' Services, which carry the role label."""
+    """The router finds workers through the EndpointSlices of the pools' Services, which carry the
+    role label."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    args = ["router", "--host", "0.0.0.0", "--port", str(spec["router"]["port"]),
-            "--metrics-port", str(settings.probe_port),
-            "--kube-label-selector", f"{r.LABEL_DEPLOYMENT}={name},{r.LABEL_ROLE}", "--kube-namespace", namespace,
-            "--model", served_model_name(name, spec["model"]), *POLICY_ARGS[spec["router"]["policy"]]]
+    args = [
+        "router", "--host", "0.0.0.0", "--port",
+        str(spec["router"]["port"]), "--metrics-port",
+        str(settings.probe_port), "--kube-label-selector",
+        f"{r.LABEL_DEPLOYMENT}={name},{r.LABEL_ROLE}", "--kube-namespace", namespace, "--model",
+        served_model_name(name, spec["model"]), *POLICY_ARGS[spec["router"]["policy"]]
+    ]
     # Prefix hashes are per block, so the router must cut prompts as the workers do.
-    sizes = {pool.get("engineArgs", {}).get("block-size") for pool in spec["pools"].values()} - {None}
+    sizes = {pool.get("engineArgs", {}).get("block-size")
+             for pool in spec["pools"].values()} - {None}
     if sizes:
-        args += ["--block-size", min(sizes, key=int)]  # engineArgs values are strings: compare them as numbers
+        # engineArgs values are strings: compare them as numbers
+        args += ["--block-size", min(sizes, key=int)]
     return args
 
 
-def _component(body: Obj, spec: Obj, component: str, box: Obj, pod: Obj, ports: dict[str, int]) -> list[Obj]:
+def _component(body: Obj, spec: Obj, component: str, box: Obj, pod: Obj,
+               ports: dict[str, int]) -> list[Obj]:
     name = body["metadata"]["name"]
     object_name = r.router_name(name) if component == "router" else r.gateway_name(name)
     labels, selector = r.common_labels(name, component), r.selector_labels(name, component)
@@ -59,30 +68,49 @@ def router_rbac(body: Obj) -> list[Obj]:
     """A ServiceAccount that may read the namespace's EndpointSlices, and nothing else."""
     name = body["metadata"]["name"]
     meta = podspec.metadata(body, r.router_name(name), r.common_labels(name, "router"))
-    rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
-    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
-             "subjects": [{"kind": "ServiceAccount", "name": meta["name"],
-                           "namespace": body["metadata"]["namespace"]}]}]
+    rules = [{
+        "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"]
+    }]
+    return [{
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+        "automountServiceAccountToken": False
+    }, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+        "rules": rules
+    }, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": meta["name"]}, "subjects": [{
+                        "kind": "ServiceAccount", "name": meta["name"],
+                        "namespace": body["metadata"]["namespace"]
+                    }]
+    }]
 
 
 def router_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
     image = spec["image"].get("router") or settings.router_image
     ports = {"grpc": spec["router"]["port"], "http": settings.probe_port}
-    box = podspec.container("router", image, spec["image"]["pullPolicy"], router_args(body, spec, settings), ports,
+    box = podspec.container("router", image, spec["image"]["pullPolicy"],
+                            router_args(body, spec, settings), ports,
                             spec["router"].get("resources", {}))
     # Only the router talks to the API server; its token is mounted here and nowhere else.
-    pod = {"serviceAccountName": r.router_name(body["metadata"]["name"]), "automountServiceAccountToken": True}
+    pod = {
+        "serviceAccountName": r.router_name(body["metadata"]["name"]),
+        "automountServiceAccountToken": True
+    }
     return [*router_rbac(body), *_component(body, spec, "router", box, pod, ports)]
 
 
 def gateway_args(body: Obj, spec: Obj, model_path: str) -> list[str]:
     name = body["metadata"]["name"]
-    args = ["gateway", "--host", "0.0.0.0", "--port", str(spec["gateway"]["port"]),
-            "--router", f"{r.router_name(name)}:{spec['router']['port']}", "--model", model_path,
-            "--served-model-name", served_model_name(name, spec["model"]), "--slos", slos_arg(spec["slos"])]
+    args = [
+        "gateway", "--host", "0.0.0.0", "--port",
+        str(spec["gateway"]["port"]), "--router", f"{r.router_name(name)}:{spec['router']['port']}",
+        "--model", model_path, "--served-model-name",
+        served_model_name(name, spec["model"]), "--slos",
+        slos_arg(spec["slos"])
+    ]
     secret = spec["gateway"].get("apiKeysSecretRef")
     return args + ([f"--api-keys-file={KEYS_DIR}/{secret['key']}"] if secret else ["--no-auth"])
 
@@ -90,7 +118,8 @@ def gateway_args(body: Obj, spec: Obj, model_path: str) -> list[str]:
 def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
     image = spec["image"].get("gateway") or settings.gateway_image
     source = model_mount(spec["model"], image, spec["image"]["pullPolicy"], tokenizer_only=True)
-    box = podspec.container("gateway", image, spec["image"]["pullPolicy"], gateway_args(body, spec, source.path),
+    box = podspec.container("gateway", image, spec["image"]["pullPolicy"],
+                            gateway_args(body, spec, source.path),
                             {"http": spec["gateway"]["port"]}, spec["gateway"].get("resources", {}))
     box["volumeMounts"] += source.mounts
     box["env"] = source.env
@@ -100,12 +129,15 @@ def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Ob
     secret = spec["gateway"].get("apiKeysSecretRef")
     if secret:
         box["volumeMounts"].append({"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True})
-        pod["volumes"] = pod["volumes"] + [{"name": "api-keys", "secret": {"secretName": secret["name"]}}]
+        pod["volumes"] = pod["volumes"] + [{
+            "name": "api-keys", "secret": {"secretName": secret["name"]}
+        }]
     return _component(body, spec, "gateway", box, pod, {"http": spec["gateway"]["port"]})
 
 
 def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings) -> Obj:
-    """A WorkerPool carries everything its workers need, so that it reconciles without reading its owner."""
+    """A WorkerPool carries everything its workers need, so that it reconciles without reading its
+    owner."""
     name = body["metadata"]["name"]
     pool = spec["pools"][role]
     fields = {k: v for k, v in pool.items() if k != "replicas"}
@@ -121,6 +153,7 @@ def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings) -> 
 
 
 def all_children(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
-    """In creation order: workers first, then the router that places work on them, then the gateway in front."""
+    """In creation order: workers first, then the router that places work on them, then the gateway
+    in front."""
     pools = [worker_pool(body, spec, role, settings) for role in r.ROLES if role in spec["pools"]]
     return [*pools, *router_objects(body, spec, settings), *gateway_objects(body, spec, settings)]

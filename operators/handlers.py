@@ -1,8 +1,9 @@
-"""The kopf handlers: BatonDeployments into their children, WorkerPools into workers, and the autoscaler timer.
+"""The kopf handlers: BatonDeployments into their children, WorkerPools into workers, and the
+autoscaler timer.
 
-Handlers are registered on a registry passed in, so that the CLI and the tests each run their own operator with
-their own settings. Everything the handlers share (API client, HTTP session, signal source, autoscaler state)
-lives in kopf's `memo`, made at startup.
+Handlers are registered on a registry passed in, so that the CLI and the tests each run their own
+operator with their own settings. Everything the handlers share (API client, HTTP session, signal
+source, autoscaler state) lives in kopf's `memo`, made at startup.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ FINALIZER = f"{r.GROUP}/finalizer"
 
 
 def set_status(patch: kopf.Patch, status: Obj, fields: Obj) -> None:
-    """Patch only the status fields that differ, so that a reconcile with nothing to do writes nothing."""
+    """Patch only the status fields that differ, so that a reconcile with nothing to do writes
+    nothing."""
     for key, value in fields.items():
         if status.get(key) != value:
             patch.status[key] = value
@@ -39,7 +41,8 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) ->
     settings.peering.standalone = True
     settings.posting.level = logging.INFO
     memo.kube = memo.get("kube") or Kube(new_api_client())
-    memo.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=config.signal_timeout_seconds))
+    memo.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+        total=config.signal_timeout_seconds))
     memo.source = memo.get("source") or (PrometheusSource(memo.session, config.prometheus_url)
                                          if config.prometheus_url else
                                          RouterStatsSource(memo.session, config.router_stats_path))
@@ -61,7 +64,8 @@ async def sync_children(kube: Kube, body: Obj, spec: Obj, config: OperatorSettin
             changes.append(f"{outcome} {child['kind']}/{child['metadata']['name']}")
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     for role in r.ROLES:
-        # A pool removed from the spec goes; looking first keeps a reconcile with nothing to do free of writes.
+        # A pool removed from the spec goes; looking first keeps a reconcile with nothing to do free
+        # of writes.
         pool = r.pool_name(name, role)
         if role not in spec["pools"] and await kube.get(r.POOL_KIND, namespace, pool) is not None:
             await kube.delete(r.POOL_KIND, namespace, pool)
@@ -69,32 +73,38 @@ async def sync_children(kube: Kube, body: Obj, spec: Obj, config: OperatorSettin
     return changes
 
 
-async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
-                               memo: kopf.Memo, **_: Any) -> None:
+async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.Status,
+                               patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     obj = dict(body)
     spec = specs.defaulted(r.DEPLOYMENT_KIND, obj)
     problems = specs.problems(r.DEPLOYMENT_KIND, spec)
     previous = status.get("conditions")
     if problems:
-        set_status(patch, status, {"conditions": conditions.invalid(problems, meta.get("generation"), previous)})
+        set_status(patch, status,
+                   {"conditions": conditions.invalid(problems, meta.get("generation"), previous)})
         kopf.warn(obj, reason="InvalidSpec", message="; ".join(problems))
         return
     changes = await sync_children(memo.kube, obj, spec, memo.config)
     if changes:
         kopf.info(obj, reason="Reconciled", message=", ".join(changes))
     pools = {role: status.get("pools", {}).get(role, {}) for role in spec["pools"]}
-    set_status(patch, status, {"observedGeneration": meta.get("generation"),
-                               "conditions": conditions.from_pools(pools, meta.get("generation"), previous)})
+    set_status(
+        patch, status, {
+            "observedGeneration": meta.get("generation"), "conditions": conditions.from_pools(
+                pools, meta.get("generation"), previous)
+        })
 
 
 async def delete_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Gateway first, so that no new request arrives at a router or pool that is going away."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     for kind, child in [("Deployment", r.gateway_name(name)), ("Service", r.gateway_name(name)),
-                        ("PodDisruptionBudget", r.gateway_name(name)), ("Deployment", r.router_name(name)),
-                        ("Service", r.router_name(name)), ("PodDisruptionBudget", r.router_name(name)),
+                        ("PodDisruptionBudget", r.gateway_name(name)),
+                        ("Deployment", r.router_name(name)), ("Service", r.router_name(name)),
+                        ("PodDisruptionBudget", r.router_name(name)),
                         ("RoleBinding", r.router_name(name)), ("Role", r.router_name(name)),
-                        ("ServiceAccount", r.router_name(name))] + [(r.POOL_KIND, r.pool_name(name, x)) for x in r.ROLES]:
+                        ("ServiceAccount", r.router_name(name))
+                        ] + [(r.POOL_KIND, r.pool_name(name, x)) for x in r.ROLES]:
         await memo.kube.delete(kind, namespace, child)
 
 
@@ -104,8 +114,11 @@ async def reconcile_pool(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, 
     spec = specs.defaulted(r.POOL_KIND, obj)
     problems = specs.problems(r.POOL_KIND, spec)
     if problems:
-        set_status(patch, status, {"conditions": conditions.invalid(problems, meta.get("generation"),
-                                                                    status.get("conditions"))})
+        set_status(
+            patch, status, {
+                "conditions": conditions.invalid(problems, meta.get("generation"),
+                                                 status.get("conditions"))
+            })
         kopf.warn(obj, reason="InvalidSpec", message="; ".join(problems))
         return
     full = {**obj, "spec": spec}
@@ -113,14 +126,18 @@ async def reconcile_pool(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, 
     live = await kube.get("Deployment", meta["namespace"], meta["name"])
     live_replicas = (live or {}).get("spec", {}).get("replicas", 0)
     if live is not None and spec["replicas"] < live_replicas:
-        victims = await drain.drain(kube, memo.session, full, pool_labels(full)[1], live_replicas - spec["replicas"],
+        victims = await drain.drain(kube, memo.session, full,
+                                    pool_labels(full)[1], live_replicas - spec["replicas"],
                                     memo.config.router_drain_path)
-        kopf.info(obj, reason="Draining", message=f"{live_replicas} -> {spec['replicas']}: {', '.join(victims)}")
+        kopf.info(obj, reason="Draining",
+                  message=f"{live_replicas} -> {spec['replicas']}: {', '.join(victims)}")
     for child in pool_objects(full, memo.config, memo.monitors):
         outcome = await kube.apply(child)
         if outcome != "unchanged":
-            kopf.info(obj, reason="Reconciled", message=f"{outcome} {child['kind']}/{child['metadata']['name']}")
-    set_status(patch, status, {"selector": selector_string(full), "observedGeneration": meta.get("generation")})
+            kopf.info(obj, reason="Reconciled",
+                      message=f"{outcome} {child['kind']}/{child['metadata']['name']}")
+    set_status(patch, status,
+               {"selector": selector_string(full), "observedGeneration": meta.get("generation")})
 
 
 async def delete_pool(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -140,20 +157,25 @@ async def autoscale_pool(body: kopf.Body, status: kopf.Status, patch: kopf.Patch
     def emit(reason: str, message: str) -> None:
         kopf.event(obj, type="Normal", reason=reason, message=message)
 
-    _, fields = await evaluate(memo.kube, memo.source, {**obj, "spec": spec}, spec, memo.states, emit)
+    _, fields = await evaluate(memo.kube, memo.source, {**obj, "spec": spec}, spec, memo.states,
+                               emit)
     set_status(patch, status, fields)
     await publish_to_owner(memo.kube, obj, spec, fields)
 
 
 async def publish_to_owner(kube: Kube, pool: Obj, spec: Obj, fields: Obj) -> None:
-    """The owning BatonDeployment shows each pool's replicas, its last scaling and its conditions."""
+    """The owning BatonDeployment shows each pool's replicas, its last scaling and its
+    conditions."""
     namespace = pool["metadata"]["namespace"]
     owner = await kube.get(r.DEPLOYMENT_KIND, namespace, spec["deployment"])
     if owner is None:
         return
     status = owner.get("status") or {}
-    entry = {"replicas": spec["replicas"], "readyReplicas": fields["readyReplicas"],
-             "desiredReplicas": fields.get("desiredReplicas", spec["replicas"]), "mode": spec["autoscaling"]["mode"]}
+    entry = {
+        "replicas": spec["replicas"], "readyReplicas": fields["readyReplicas"],
+        "desiredReplicas": fields.get("desiredReplicas",
+                                      spec["replicas"]), "mode": spec["autoscaling"]["mode"]
+    }
     pools = {**status.get("pools", {}), spec["role"]: entry}
     want: Obj = {"pools": pools}
     if "lastScaling" in fields:
@@ -163,18 +185,22 @@ async def publish_to_owner(kube: Kube, pool: Obj, spec: Obj, fields: Obj) -> Non
                                                    status.get("conditions"))
     changed = {k: v for k, v in want.items() if status.get(k) != v}
     if changed:
-        await kube.patch(r.DEPLOYMENT_KIND, namespace, spec["deployment"], {"status": changed}, sub="status")
+        await kube.patch(r.DEPLOYMENT_KIND, namespace, spec["deployment"], {"status": changed},
+                         sub="status")
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
-    """Puts every handler on `registry`; the autoscaler runs every --autoscale-interval-seconds per pool."""
-    deployments, pools = (r.GROUP, r.VERSION, r.DEPLOYMENT_PLURAL), (r.GROUP, r.VERSION, r.POOL_PLURAL)
+    """Puts every handler on `registry`; the autoscaler runs every --autoscale-interval-seconds per
+    pool."""
+    deployments, pools = (r.GROUP, r.VERSION, r.DEPLOYMENT_PLURAL), (r.GROUP, r.VERSION,
+                                                                     r.POOL_PLURAL)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
     for resource, handler in ((deployments, reconcile_deployment), (pools, reconcile_pool)):
         kopf.on.create(*resource, registry=registry)(handler)
         kopf.on.resume(*resource, registry=registry)(handler)
-        # Only spec changes: status and annotation patches (ours and kopf's) must not re-trigger a reconcile.
+        # Only spec changes: status and annotation patches (ours and kopf's) must not re-trigger a
+        # reconcile.
         kopf.on.update(*resource, registry=registry, field="spec")(handler)
     kopf.on.delete(*deployments, registry=registry)(delete_deployment)
     kopf.on.delete(*pools, registry=registry)(delete_pool)

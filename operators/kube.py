@@ -1,7 +1,9 @@
-"""A small Kubernetes REST layer over the official client: get, create-or-patch, delete, list, by kind.
+"""A small Kubernetes REST layer over the official client: get, create-or-patch, delete, list, by
+kind.
 
-Apply is read-compare-write rather than server-side apply so that a reconcile whose objects already match sends
-no write at all (idempotence is checked by counting writes), and so that it works against test emulators.
+Apply is read-compare-write rather than server-side apply so that a reconcile whose objects already
+match sends no write at all (idempotence is checked by counting writes), and so that it works
+against test emulators.
 """
 from __future__ import annotations
 
@@ -40,23 +42,28 @@ KINDS = {
     "Pod": Kind("v1", "pods"),
     "Deployment": Kind("apps/v1", "deployments"),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
-    "ServiceMonitor": Kind(f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}", "servicemonitors"),
+    "ServiceMonitor": Kind(f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}",
+                           "servicemonitors"),
     r.DEPLOYMENT_KIND: Kind(r.API_VERSION, r.DEPLOYMENT_PLURAL),
     r.POOL_KIND: Kind(r.API_VERSION, r.POOL_PLURAL),
 }
 
 
 def is_subset(want: Any, have: Any) -> bool:
-    """Whether `have` already contains everything in `want` (extra fields, e.g. server defaults, are fine)."""
+    """Whether `have` already contains everything in `want` (extra fields, e.g. server defaults, are
+    fine)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
+        return isinstance(have, dict) and all(k in have and is_subset(v, have[k])
+                                              for k, v in want.items())
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
-    return want == have or (isinstance(want, (int, float)) and isinstance(have, str) and str(want) == have)
+    return want == have or (isinstance(want, (int, float)) and isinstance(have, str) and
+                            str(want) == have)
 
 
 def new_api_client(host: str | None = None) -> kubernetes.client.ApiClient:
-    """In-cluster credentials, else the kubeconfig; `host` (tests) talks to that server without credentials."""
+    """In-cluster credentials, else the kubeconfig; `host` (tests) talks to that server without
+    credentials."""
     if host is not None:
         config = kubernetes.client.Configuration(host=host)
         return kubernetes.client.ApiClient(config)
@@ -71,20 +78,24 @@ class Kube:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.api = api
 
-    def _call_sync(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    def _call_sync(self, method: str, path: str, body: Any = None,
+                   content_type: str = "application/json") -> Any:
         query = None
         if "?" in path:
             path, raw = path.split("?", 1)
             query = [tuple(pair.split("=", 1)) for pair in raw.split("&")]
-        request = self.api.param_serialize(method, path, query_params=query, body=body, auth_settings=["BearerToken"],
-                                           header_params={"Content-Type": content_type, "Accept": "application/json"})
+        request = self.api.param_serialize(
+            method, path, query_params=query, body=body, auth_settings=["BearerToken"],
+            header_params={"Content-Type": content_type, "Accept": "application/json"})
         response = self.api.call_api(*request)
         data = response.read()
         if response.status >= 400:
-            raise kubernetes.client.ApiException(status=response.status, reason=response.reason, body=data)
+            raise kubernetes.client.ApiException(status=response.status, reason=response.reason,
+                                                 body=data)
         return json.loads(data) if data else None
 
-    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    async def call(self, method: str, path: str, body: Any = None,
+                   content_type: str = "application/json") -> Any:
         # The official client is synchronous; a thread keeps kopf's event loop free.
         return await asyncio.to_thread(self._call_sync, method, path, body, content_type)
 
@@ -98,23 +109,31 @@ class Kube:
 
     async def list(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Obj]:
         query = ",".join(f"{k}={v}" for k, v in selector.items())
-        found = await self.call("GET", KINDS[kind].path(namespace) + f"?labelSelector={query}") or {}
+        found = await self.call("GET",
+                                KINDS[kind].path(namespace) + f"?labelSelector={query}") or {}
         # Emulators may ignore the selector; filtering again keeps the answer right either way.
-        return [o for o in found.get("items", []) if is_subset(selector, o["metadata"].get("labels", {}))]
+        return [
+            o for o in found.get("items", [])
+            if is_subset(selector, o["metadata"].get("labels", {}))
+        ]
 
-    async def patch(self, kind: str, namespace: str, name: str, body: Obj, sub: str | None = None) -> Obj:
-        return await self.call("PATCH", KINDS[kind].path(namespace, name, sub), body, "application/merge-patch+json")
+    async def patch(self, kind: str, namespace: str, name: str, body: Obj,
+                    sub: str | None = None) -> Obj:
+        return await self.call("PATCH", KINDS[kind].path(namespace, name, sub), body,
+                               "application/merge-patch+json")
 
     async def apply(self, obj: Obj, keep_live: tuple[str, ...] = ()) -> Outcome:
-        """Create `obj`, or patch it where the live object differs; top-level spec fields in `keep_live`
-        are only set at creation (e.g. replicas, which the scale subresource owns afterwards)."""
+        """Create `obj`, or patch it where the live object differs; top-level spec fields in
+        `keep_live` are only set at creation (e.g. replicas, which the scale subresource owns
+        afterwards)."""
         meta = obj["metadata"]
         live = await self.get(obj["kind"], meta["namespace"], meta["name"])
         if live is None:
             await self.call("POST", KINDS[obj["kind"]].path(meta["namespace"]), obj)
             return "created"
-        want = {**obj, "spec": {k: v for k, v in obj.get("spec", {}).items() if k not in keep_live}} \
-            if "spec" in obj else obj
+        want = obj
+        if "spec" in obj:
+            want = {**obj, "spec": {k: v for k, v in obj["spec"].items() if k not in keep_live}}
         if is_subset(want, live):
             return "unchanged"
         await self.patch(obj["kind"], meta["namespace"], meta["name"], want)

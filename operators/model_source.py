@@ -1,5 +1,6 @@
-"""Where a pod finds the checkpoint: `baton worker --model` and `baton gateway --model` take a local folder, so a
-PersistentVolumeClaim is mounted, and a Hugging Face id is downloaded by an init container into an emptyDir."""
+"""Where a pod finds the checkpoint: `baton worker --model` and `baton gateway --model` take a local
+folder, so a PersistentVolumeClaim is mounted, and a Hugging Face id is downloaded by an init
+container into an emptyDir."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,11 +11,15 @@ from baton.operators import podspec
 Obj = dict[str, Any]
 MODEL_DIR = "/models"
 CACHE_DIR = "/cache"
-# What the gateway needs of a checkpoint: the tokenizer, its chat template and the config (context length).
+# What the gateway needs of a checkpoint: the tokenizer, its chat template and the config (context
+# length).
 TOKENIZER_FILES = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
-# The images carry huggingface_hub (a dependency of transformers); argv keeps the id out of the code string.
-DOWNLOAD = ("import sys, huggingface_hub; huggingface_hub.snapshot_download(sys.argv[1], revision=sys.argv[2] or "
-            "None, local_dir=sys.argv[3], allow_patterns=sys.argv[4].split(',') if sys.argv[4] else None)")
+# The images carry huggingface_hub (a dependency of transformers); argv keeps the id out of the code
+# string.
+DOWNLOAD = (
+    "import sys, huggingface_hub; huggingface_hub.snapshot_download(sys.argv[1], "
+    "revision=sys.argv[2] or "
+    "None, local_dir=sys.argv[3], allow_patterns=sys.argv[4].split(',') if sys.argv[4] else None)")
 
 
 @dataclass
@@ -30,25 +35,37 @@ def token_env(model: Obj) -> list[Obj]:
     secret = model.get("tokenSecretRef")
     if not secret:
         return []
-    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret["name"], "key": secret["key"]}}}]
+    return [{
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": secret["name"], "key": secret["key"]}}
+    }]
 
 
-def model_mount(model: Obj, image: str, pull_policy: str, tokenizer_only: bool = False) -> ModelMount:
+def model_mount(model: Obj, image: str, pull_policy: str,
+                tokenizer_only: bool = False) -> ModelMount:
     """The volumes, init container and env that put `model` at a local path in the pod."""
     cache = {"name": "cache", "emptyDir": {}}
     env = [{"name": "HF_HOME", "value": CACHE_DIR}, *token_env(model)]
     cache_mount = {"name": "cache", "mountPath": CACHE_DIR}
     if "pvc" in model:
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": model["pvc"]["claimName"], "readOnly": True}}
+        volume = {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": model["pvc"]["claimName"], "readOnly": True}
+        }
         path = f"{MODEL_DIR}/{model['pvc']['path'].strip('/')}".rstrip("/")
-        return ModelMount(path, [volume, cache], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True},
-                                                  cache_mount], env=env)
+        return ModelMount(
+            path, [volume, cache],
+            [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}, cache_mount], env=env)
     path = f"{MODEL_DIR}/{model['huggingFace'].replace('/', '--')}"
     patterns = ",".join(TOKENIZER_FILES) if tokenizer_only else ""
-    fetch = {"name": "fetch-model", "image": image, "imagePullPolicy": pull_policy,
-             "command": ["python", "-c", DOWNLOAD, model["huggingFace"], model.get("revision", ""), path, patterns],
-             "env": env, "securityContext": podspec.RESTRICTED_CONTAINER,
-             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "model", "mountPath": MODEL_DIR},
-                              cache_mount]}
+    fetch = {
+        "name": "fetch-model", "image": image, "imagePullPolicy": pull_policy, "command": [
+            "python", "-c", DOWNLOAD, model["huggingFace"],
+            model.get("revision", ""), path, patterns
+        ], "env": env, "securityContext": podspec.RESTRICTED_CONTAINER,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "model", "mountPath": MODEL_DIR}, cache_mount]
+    }
     return ModelMount(path, [{"name": "model", "emptyDir": {}}, cache],
-                      [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}, cache_mount], [fetch], env)
+                      [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}, cache_mount],
+                      [fetch], env)

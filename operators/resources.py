@@ -14,7 +14,8 @@ POOL_PLURAL = "workerpools"
 
 ROLES = ROLE_NAMES
 
-# Labels on every object the operator makes; the pool label is what the router and Prometheus select workers by.
+# Labels on every object the operator makes; the pool label is what the router and Prometheus select
+# workers by.
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"

@@ -1,8 +1,10 @@
-"""What the API server does with a CRD schema besides type checks, redone here: defaulting and the CEL rules.
+"""What the API server does with a CRD schema besides type checks, redone here: defaulting and the
+CEL rules.
 
-On a real cluster the API server has already applied both. The operator redoes them because an object can still
-reach it undefaulted or unchecked (a CRD from an older chart, a cluster without CEL validation, a test emulator),
-and a spec the rules refuse must surface as a Degraded condition rather than as a half-made deployment.
+On a real cluster the API server has already applied both. The operator redoes them because an
+object can still reach it undefaulted or unchecked (a CRD from an older chart, a cluster without CEL
+validation, a test emulator), and a spec the rules refuse must surface as a Degraded condition
+rather than as a half-made deployment.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ Schema = dict[str, Any]
 
 
 def apply_defaults(schema: Schema, value: Any) -> Any:
-    """A defaulted deep copy of `value`, as structural-schema defaulting does it (defaults inside defaults too)."""
+    """A defaulted deep copy of `value`, as structural-schema defaulting does it (defaults inside
+    defaults too)."""
     value = copy.deepcopy(value)
     _default_in_place(schema, value)
     return value
@@ -53,9 +56,12 @@ def _rule_holds(expression: str, value: Any) -> bool:
 
 
 def rule_violations(schema: Schema, value: Any, path: str = "") -> list[str]:
-    """'path: message' for every x-kubernetes-validations rule and list-map key uniqueness that `value` breaks."""
-    problems = [f"{path or '.'}: {rule['message']}" for rule in schema.get("x-kubernetes-validations", [])
-                if not _rule_holds(rule["rule"], value)]
+    """'path: message' for every x-kubernetes-validations rule and list-map key uniqueness that
+    `value` breaks."""
+    problems = [
+        f"{path or '.'}: {rule['message']}" for rule in schema.get("x-kubernetes-validations", [])
+        if not _rule_holds(rule["rule"], value)
+    ]
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:
@@ -80,6 +86,7 @@ def _duplicate_keys(schema: Schema, value: list[Any], path: str) -> list[str]:
     for item in value:
         key = tuple(item.get(k) for k in keys) if isinstance(item, dict) else (item,)
         if key in seen:
-            problems.append(f"{path}: duplicate entries for {', '.join(keys)} = {', '.join(map(str, key))}")
+            problems.append(
+                f"{path}: duplicate entries for {', '.join(keys)} = {', '.join(map(str, key))}")
         seen.add(key)
     return problems

@@ -5,8 +5,8 @@ import os
 
 import torch
 
-# Triton kernels run on CPU tensors only in interpreter mode, which must be chosen before anything imports
-# triton (transformers does, through torch._dynamo).
+# Triton kernels run on CPU tensors only in interpreter mode, which must be chosen before anything
+# imports triton (transformers does, through torch._dynamo).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

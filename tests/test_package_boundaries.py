@@ -1,10 +1,11 @@
 """Package boundaries, checked on the source:
-- the gateway and the shared package stay light: neither imports the engine or the worker, nor torch itself, so
-  the gateway runs without them and `common` is a leaf every service can use (transformers, which the gateway
-  tokenizes with, loads torch on its own when installed; that is not counted);
-- benchmarks and simulators live in baton.loadtest (bench/, sim/), not in the service packages: a service package
-  holds no module named like one, and imports none of them except the simulated runner that `--engine sim` plugs
-  into the engine in place of the model."""
+- the gateway and the shared package stay light: neither imports the engine or the worker, nor torch
+  itself, so the gateway runs without them and `common` is a leaf every service can use
+  (transformers, which the gateway tokenizes with, loads torch on its own when installed; that is
+  not counted);
+- benchmarks and simulators live in baton.loadtest (bench/, sim/), not in the service packages: a
+  service package holds no module named like one, and imports none of them except the simulated
+  runner that `--engine sim` plugs into the engine in place of the model."""
 from __future__ import annotations
 
 import ast
@@ -20,14 +21,15 @@ import baton.services
 SERVICES = Path(baton.services.__file__).parent
 FORBIDDEN = ("baton.services.engine", "baton.services.worker", "torch")
 SERVICE_PACKAGES = ("gateway", "router", "worker", "engine", "common")
-BENCH_OR_SIM_NAME = re.compile(r"(^|_)(bench|benchmark|sim|simulator|replay|overload|loopback)(_|$)")
+BENCH_OR_SIM_NAME = re.compile(
+    r"(^|_)(bench|benchmark|sim|simulator|replay|overload|loopback)(_|$)")
 # The one simulator a service may import: the engine's stand-in for ModelRunner (`--engine sim`).
 ALLOWED_LOADTEST_IMPORTS = {"baton.loadtest.sim.runner"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """Every module a file imports, at any depth (function-local imports included); for `from m import n`, both
-    m and m.n, since n may be a module."""
+    """Every module a file imports, at any depth (function-local imports included); for `from m
+    import n`, both m and m.n, since n may be a module."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -62,11 +64,13 @@ def test_the_check_sees_a_leak(tmp_path: Path) -> None:
 
 
 def test_importing_the_gateway_loads_no_engine_or_worker() -> None:
-    """The static check misses imports made by name; a fresh interpreter shows what actually loads."""
+    """The static check misses imports made by name; a fresh interpreter shows what actually
+    loads."""
     modules = [f"baton.services.gateway.{p.stem}" for p in (SERVICES / "gateway").glob("*.py")]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
             f"print([m for m in sys.modules if m.startswith({FORBIDDEN[:2]!r})])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
     assert out.strip() == "[]"
 
 

@@ -1,5 +1,6 @@
 """Tests use public names: no test imports an underscored name from baton or from another test
-module. And one launcher: only tests/launcher.py starts service processes; the other tests ask it."""
+module. And one launcher: only tests/launcher.py starts service processes; the other tests ask
+it."""
 from __future__ import annotations
 
 import ast

@@ -1,7 +1,8 @@
-"""Shrinks an unpacked NIXL wheel (nixl_cu12 / nixl_cu13) to what the UCX backend needs, so it fits the GPU
-machine's 64 MiB carry: keeps the Python package, the core libraries, the UCX plugin and UCX's modules, and every
-bundled library those need (by their ELF NEEDED entries); drops the EP kernels, the other plugins (object stores,
-GDS, libfabric, ...) and the libraries only they use. NIXL logs and skips plugins it cannot find.
+"""Shrinks an unpacked NIXL wheel (nixl_cu12 / nixl_cu13) to what the UCX backend needs, so it fits
+the GPU machine's 64 MiB carry: keeps the Python package, the core libraries, the UCX plugin and
+UCX's modules, and every bundled library those need (by their ELF NEEDED entries); drops the EP
+kernels, the other plugins (object stores, GDS, libfabric, ...) and the libraries only they use.
+NIXL logs and skips plugins it cannot find.
 
     python deploy/gpu-check/prune_nixl.py DIR nixl_cu13    # DIR: where the wheel was unzipped
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 
 
 def needed(lib: Path) -> set[str]:
-    out = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
     return {line.split("[", 1)[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
 
 
@@ -25,8 +27,10 @@ def prune(root: Path, name: str) -> list[Path]:
     removed += [p for p in (core / "plugins").glob("*.so") if p.name != "libplugin_UCX.so"]
     for path in removed:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    roots = [*root.joinpath(name).glob("*.so"), *core.glob("*.so*"), *(core / "plugins").glob("*.so"),
-             *(bundled / "ucx").glob("*.so*")]
+    roots = [
+        *root.joinpath(name).glob("*.so"), *core.glob("*.so*"), *(core / "plugins").glob("*.so"),
+        *(bundled / "ucx").glob("*.so*")
+    ]
     by_name = {p.name: p for p in bundled.glob("*.so*")} | {p.name: p for p in core.glob("*.so*")}
     keep, todo = set(), list(roots)
     while todo:

@@ -1,7 +1,9 @@
-"""A stand-in prefill worker in a child process, for the transport tests and `baton bench kv-transfer`.
+"""A stand-in prefill worker in a child process, for the transport tests and `baton bench
+kv-transfer`.
 
-The child owns a KV cache of seeded random bytes (on the CPU or a GPU) and serves it over every transport it can:
-its NIXL agent, a gRPC server with only PullKV, and on a GPU the CUDA IPC listener. The parent drives it over a pipe (notifications, digests, stop) and can kill it outright.
+The child owns a KV cache of seeded random bytes (on the CPU or a GPU) and serves it over every
+transport it can: its NIXL agent, a gRPC server with only PullKV, and on a GPU the CUDA IPC
+listener. The parent drives it over a pipe (notifications, digests, stop) and can kill it outright.
 """
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import grpc
 import torch
 
 from baton.services.worker.kv_transfer.base import KVPeer, KVTransferError
-from baton.services.worker.kv_transfer.grpc_transport import CHANNEL_OPTIONS, GrpcKVTransport, byte_view
+from baton.services.worker.kv_transfer.grpc_transport import (CHANNEL_OPTIONS, GrpcKVTransport,
+                                                              byte_view)
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 60.0  # a cold child imports torch and starts UCX; on 2 busy cores that can take a while
+# a cold child imports torch and starts UCX; on 2 busy cores that can take a while
+START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -39,21 +43,24 @@ class CacheShape:
         return self.num_layers, self.num_blocks, 2, self.block_size, self.kv_heads, self.head_dim
 
     def block_nbytes(self) -> int:
-        return 2 * self.block_size * self.kv_heads * self.head_dim * getattr(torch, self.dtype).itemsize
+        return 2 * self.block_size * self.kv_heads * self.head_dim * getattr(torch,
+                                                                             self.dtype).itemsize
 
 
 def random_cache(shape: CacheShape, seed: int, device: str = "cpu") -> torch.Tensor:
-    """A cache whose every byte is drawn from `seed` on `device`, so the parent can rebuild the expected contents
-    (the same seed gives different bytes on the CPU and on a GPU)."""
+    """A cache whose every byte is drawn from `seed` on `device`, so the parent can rebuild the
+    expected contents (the same seed gives different bytes on the CPU and on a GPU)."""
     cache = torch.empty(shape.dims(), dtype=getattr(torch, shape.dtype), device=device)
     raw = byte_view(cache).view(-1)
     generator = torch.Generator(device=device).manual_seed(seed)
-    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, device=device, generator=generator))
+    raw.copy_(
+        torch.randint(0, 256, raw.shape, dtype=torch.uint8, device=device, generator=generator))
     return cache
 
 
 def blocks_digest(cache: torch.Tensor, blocks: list[int]) -> str:
-    """A hash of every layer of `blocks`, layer-major (a GPU cache's blocks are gathered to the host first)."""
+    """A hash of every layer of `blocks`, layer-major (a GPU cache's blocks are gathered to the host
+    first)."""
     if cache.device.type != "cpu":
         data = byte_view(cache)[:, list(blocks)].cpu().numpy()
         blocks = list(range(len(blocks)))
@@ -72,7 +79,8 @@ class PullKVServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, transport: GrpcKVTransport) -> None:
         self._transport = transport
 
-    def PullKV(self, request: worker_pb2.PullKVRequest, context: grpc.ServicerContext) -> Iterator[worker_pb2.KVChunk]:
+    def PullKV(self, request: worker_pb2.PullKVRequest,
+               context: grpc.ServicerContext) -> Iterator[worker_pb2.KVChunk]:
         try:
             chunks = self._transport.stream_blocks(list(request.block_ids))
         except KVTransferError as e:
@@ -111,7 +119,8 @@ def _source_transports(spec: SourceSpec, cache: torch.Tensor) -> dict[str, Any]:
         transports["grpc"] = GrpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.grpc_port)
     if "cuda_ipc" in spec.transports:
         from baton.services.worker.kv_transfer.cuda_ipc import CudaIpcKVTransport
-        transports["cuda_ipc"] = CudaIpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.ipc_port)
+        transports["cuda_ipc"] = CudaIpcKVTransport(cache, spec.agent_name, "127.0.0.1",
+                                                    spec.ipc_port)
     return transports
 
 
@@ -138,25 +147,28 @@ def _source_main(spec: SourceSpec, conn: Any) -> None:
 
 
 class SourceProcess:
-    """The parent's handle on a source child; `start` again after `kill` restarts it on the same name and ports."""
+    """The parent's handle on a source child; `start` again after `kill` restarts it on the same
+    name and ports."""
 
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
-        self._context = multiprocessing.get_context("spawn")  # a forked child would inherit UCX and gRPC threads
+        # a forked child would inherit UCX and gRPC threads
+        self._context = multiprocessing.get_context("spawn")
         self._process: Any = None
         self._conn: Any = None
         self.peers: dict[str, KVPeer] = {}
 
     def start(self) -> "SourceProcess":
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_source_main, args=(self.spec, child), daemon=True,
-                                              name=f"kv-source-{self.spec.agent_name}")
+        self._process = self._context.Process(target=_source_main, args=(self.spec, child),
+                                              daemon=True, name=f"kv-source-{self.spec.agent_name}")
         self._process.start()
         child.close()
         self._conn = parent
         if not parent.poll(START_TIMEOUT_S):
             self.kill()
-            raise RuntimeError(f"KV source {self.spec.agent_name} did not start in {START_TIMEOUT_S:.0f} s")
+            raise RuntimeError(
+                f"KV source {self.spec.agent_name} did not start in {START_TIMEOUT_S:.0f} s")
         self.peers = parent.recv()
         return self
 

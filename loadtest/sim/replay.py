@@ -1,13 +1,14 @@
 """Trace replay through the router onto simulated workers, in virtual time: a capacity simulator.
 
-Each worker is a real LLMEngine with the simulated runner (real scheduler, block manager and prefix cache with a
-finite KV cache), whose steps advance that worker's own clock by the cost model instead of sleeping. The router
-is the real facade on the shared virtual clock, fed the workers' real KV events after every step and their stats
-every poll interval, as the service would feed it. A discrete-event loop interleaves arrivals and worker steps in
-time order, so an hour of trace replays in seconds and the figures do not depend on this machine's speed.
+Each worker is a real LLMEngine with the simulated runner (real scheduler, block manager and prefix
+cache with a finite KV cache), whose steps advance that worker's own clock by the cost model instead
+of sleeping. The router is the real facade on the shared virtual clock, fed the workers' real KV
+events after every step and their stats every poll interval, as the service would feed it. A
+discrete-event loop interleaves arrivals and worker steps in time order, so an hour of trace replays
+in seconds and the figures do not depend on this machine's speed.
 
-Policies: `prefix` (the configured router), `load` (the router with prefix affinity and the prefix scorer off) and
-`round-robin` (no router).
+Policies: `prefix` (the configured router), `load` (the router with prefix affinity and the prefix
+scorer off) and `round-robin` (no router).
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ class ReplayResult:
     policy: str
     requests: int
     rejected: int
-    hit_ratio: float  # prompt tokens served from a prefix cache / prompt tokens, as the engines counted them
+    # prompt tokens served from a prefix cache / prompt tokens, as the engines counted them
+    hit_ratio: float
     ttft_p50_s: float
     ttft_p99_s: float
     goodput_rps: float  # requests whose first token met the SLO, per second of replay
@@ -78,10 +80,13 @@ class _Clock:
 
 def build_requests(rows: Sequence[TraceRequest], pool, scale: float, speedup: float, max_len: int,
                    seed: int = 0) -> list[ReplayRequest]:
-    """The load test's scaled trace (loadtest.workloads.scaled_trace: lengths divided by `scale`, each hash id a
-    block of 512/scale tokens, rows longer than max_len left out) with arrivals compressed by `speedup`."""
-    return [ReplayRequest(f"trace-{i}", row.arrival_s / speedup, prompt, out_len)
-            for i, (row, (prompt, out_len)) in enumerate(scaled_trace(rows, scale, pool, seed, max_len))]
+    """The load test's scaled trace (loadtest.workloads.scaled_trace: lengths divided by `scale`,
+    each hash id a block of 512/scale tokens, rows longer than max_len left out) with arrivals
+    compressed by `speedup`."""
+    return [
+        ReplayRequest(f"trace-{i}", row.arrival_s / speedup, prompt, out_len)
+        for i, (row, (prompt, out_len)) in enumerate(scaled_trace(rows, scale, pool, seed, max_len))
+    ]
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -96,28 +101,32 @@ def unlimited_cache_hit_ratio(requests: Sequence[ReplayRequest], block_size: int
 
 
 class Replay:
-    def __init__(self, policy: str, engine_config: EngineConfig, router_config: RouterConfig, num_workers: int,
-                 ttft_slo_s: float, stats_interval_s: float = 0.1) -> None:
+
+    def __init__(self, policy: str, engine_config: EngineConfig, router_config: RouterConfig,
+                 num_workers: int, ttft_slo_s: float, stats_interval_s: float = 0.1) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.policy = policy
         self.ttft_slo_s = ttft_slo_s
         self.stats_interval_s = stats_interval_s
         self.clock = _Clock()
-        self.workers = [_SimWorker(f"sim-{i}", LLMEngine(engine_config)) for i in range(num_workers)]
+        self.workers = [
+            _SimWorker(f"sim-{i}", LLMEngine(engine_config)) for i in range(num_workers)
+        ]
         for w in self.workers:
             w.engine.blocks.record_events = True
-            w.engine.runner.sleep = lambda seconds: None  # time is the virtual clock's, advanced per step
+            # time is the virtual clock's, advanced per step
+            w.engine.runner.sleep = lambda seconds: None
         if policy == "load":
             # The prefix scorer off (a weight of 0, as the picker drops those) and no affinity.
             scorers = [e for e in router_config.scorers if e.name != "prefix_overlap"]
             router_config = router_config.model_copy(update=dict(scorers=scorers,
                                                                  sticky_queued_prefill_tokens=0))
-        # A placement reaches a simulated worker at once, so its next report includes it (no grace); a fixed seed
-        # keeps the replay's ties, and so its results, the same run to run.
+        # A placement reaches a simulated worker at once, so its next report includes it (no grace);
+        # a fixed seed keeps the replay's ties, and so its results, the same run to run.
         router_config = router_config.model_copy(update=dict(
-            model=self.workers[0].engine.model_id, block_size=engine_config.block_size, reservation_grace_s=0.0,
-            seed=0 if router_config.seed is None else router_config.seed))
+            model=self.workers[0].engine.model_id, block_size=engine_config.block_size,
+            reservation_grace_s=0.0, seed=0 if router_config.seed is None else router_config.seed))
         self.router = Router(router_config, clock=self.clock, on_queued_outcome=self._on_outcome)
         for w in self.workers:
             self.router.register_worker(w.worker_id, w.worker_id, Role.MIXED, lease_ttl_s=math.inf)
@@ -143,8 +152,9 @@ class Replay:
 
     def _run_on(self, worker: _SimWorker, flight: _Flight) -> None:
         r = flight.request
-        worker.engine.add_request(r.request_id, r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True,
-                                                                         temperature=0.0))
+        worker.engine.add_request(
+            r.request_id, r.prompt,
+            SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0))
         worker.free_at = max(worker.free_at, self.clock.now)
 
     def _arrive(self, request: ReplayRequest) -> None:
@@ -153,7 +163,8 @@ class Replay:
         if self.policy == "round-robin":
             self._run_on(next(self._rr), flight)
             return
-        outcome = self.router.place(PlaceRequest(request.request_id, request.prompt, max_tokens=request.max_tokens))
+        outcome = self.router.place(
+            PlaceRequest(request.request_id, request.prompt, max_tokens=request.max_tokens))
         if isinstance(outcome, (Placement, Rejection)):
             self._start(flight, outcome)
 
@@ -180,19 +191,22 @@ class Replay:
         batch = wpb.KVEventBatch(worker_id=worker.worker_id)
         for kind, block_hash in events:
             worker.sequence += 1
-            batch.events.add(sequence=worker.sequence, block_hashes=[block_hash],
-                             kind=wpb.KVEvent.KIND_STORED if kind == "stored" else wpb.KVEvent.KIND_REMOVED)
+            batch.events.add(
+                sequence=worker.sequence, block_hashes=[block_hash],
+                kind=wpb.KVEvent.KIND_STORED if kind == "stored" else wpb.KVEvent.KIND_REMOVED)
         self.router.on_kv_events(batch)
 
     def _publish_stats(self) -> None:
         while self._next_stats <= self.clock.now:
             for w in self.workers:
                 e = w.engine
-                self.router.on_stats(wpb.WorkerStats(
-                    worker_id=w.worker_id, role=wpb.ROLE_MIXED, timestamp_unix_ms=int(self._next_stats * 1000),
-                    num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
-                    kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks, kv_blocks_total=e.blocks.num_blocks,
-                    prefill_tokens_queued=e.scheduler.prefill_tokens_queued()))
+                self.router.on_stats(
+                    wpb.WorkerStats(worker_id=w.worker_id, role=wpb.ROLE_MIXED,
+                                    timestamp_unix_ms=int(self._next_stats * 1000), num_running=len(
+                                        e.scheduler.running), num_waiting=len(e.scheduler.waiting),
+                                    kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks,
+                                    kv_blocks_total=e.blocks.num_blocks,
+                                    prefill_tokens_queued=e.scheduler.prefill_tokens_queued()))
             self._next_stats += self.stats_interval_s
             self.router.tick()
 
@@ -222,5 +236,6 @@ class Replay:
         good = sum(t <= self.ttft_slo_s for t in ttfts)
         makespan = max(w.free_at for w in self.workers) - T0
         return ReplayResult(self.policy, offered, self.rejected, hits / queries if queries else 0.0,
-                            quantile(ttfts, 0.5), quantile(ttfts, 0.99), good / makespan if makespan > 0 else 0.0,
+                            quantile(ttfts, 0.5), quantile(ttfts, 0.99),
+                            good / makespan if makespan > 0 else 0.0,
                             good / offered if offered else 0.0, makespan)

@@ -1,4 +1,5 @@
-"""One autoscaler evaluation of one WorkerPool: observe, decide with the pure policy, act, and explain."""
+"""One autoscaler evaluation of one WorkerPool: observe, decide with the pure policy, act, and
+explain."""
 from __future__ import annotations
 
 import datetime
@@ -8,7 +9,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from baton.operators import metrics
-from baton.operators.autoscaler.policy import Decision, PoolState, Policy, Signals, StepRules, decide, next_state
+from baton.operators.autoscaler.policy import (Decision, PoolState, Policy, Signals, StepRules,
+                                               decide, next_state)
 from baton.operators.autoscaler.signals import PoolRef, SignalSource
 from baton.operators.kube import Kube
 from baton.operators.workers import pool_labels
@@ -26,14 +28,16 @@ def policy_from_spec(spec: Obj) -> Policy:
                          cooldown_s=d["cooldownSeconds"])
 
     ttfts = [s["ttftMillis"] / 1000 for s in spec.get("slos", [])]
-    return Policy(
-        role=spec["role"], min_replicas=spec["minReplicas"], max_replicas=spec["maxReplicas"],
-        ttft_target_s=min(ttfts) if ttfts else None, mode=auto["mode"],
-        queue_time_budget=auto["queueTimeBudgetPercent"] / 100, token_utilization=auto["tokenUtilizationPercent"] / 100,
-        kv_high=auto["kvCacheHighPercent"] / 100, kv_low=auto["kvCacheLowPercent"] / 100,
-        tpot_attainment=auto["tpotAttainmentPercent"] / 100, min_goodput_gain=auto["minGoodputGainPercent"] / 100,
-        goodput_guard_s=auto["goodputGuardSeconds"], scale_to_zero=auto["scaleToZero"],
-        idle_before_zero_s=auto["idleSecondsBeforeZero"], up=steps(auto["scaleUp"]), down=steps(auto["scaleDown"]))
+    return Policy(role=spec["role"], min_replicas=spec["minReplicas"],
+                  max_replicas=spec["maxReplicas"], ttft_target_s=min(ttfts) if ttfts else None,
+                  mode=auto["mode"], queue_time_budget=auto["queueTimeBudgetPercent"] / 100,
+                  token_utilization=auto["tokenUtilizationPercent"] / 100,
+                  kv_high=auto["kvCacheHighPercent"] / 100, kv_low=auto["kvCacheLowPercent"] / 100,
+                  tpot_attainment=auto["tpotAttainmentPercent"] / 100,
+                  min_goodput_gain=auto["minGoodputGainPercent"] / 100,
+                  goodput_guard_s=auto["goodputGuardSeconds"], scale_to_zero=auto["scaleToZero"],
+                  idle_before_zero_s=auto["idleSecondsBeforeZero"], up=steps(auto["scaleUp"]),
+                  down=steps(auto["scaleDown"]))
 
 
 async def observe(kube: Kube, body: Obj) -> Obj:
@@ -50,10 +54,12 @@ async def observe(kube: Kube, body: Obj) -> Obj:
 async def fetch_signals(source: SignalSource, body: Obj) -> Signals:
     spec = body["spec"]
     meta = body["metadata"]
-    ref = PoolRef(meta["namespace"], meta["name"], spec["deployment"], spec.get("routerUrl", ""), spec["role"])
+    ref = PoolRef(meta["namespace"], meta["name"], spec["deployment"], spec.get("routerUrl", ""),
+                  spec["role"])
     try:
         return await source.fetch(ref)
-    except Exception as e:  # noqa: BLE001 - any failure of a signal source means "no signals", never a crash
+    # Any failure of a signal source means "no signals", never a crash.
+    except Exception as e:  # noqa: BLE001
         log.info("no signals for %s: %s", ref.name, e)
         return Signals()
 
@@ -61,19 +67,23 @@ async def fetch_signals(source: SignalSource, body: Obj) -> Signals:
 def record(body: Obj, decision: Decision, emit: Emit, previous_reason: str | None) -> Obj:
     """Status entry, metric and (on a move or a new reason) event for a decision."""
     name = body["metadata"]["name"]
-    metrics.DECISIONS.labels(pool=name, direction=decision.direction, reason=decision.reason.value).inc()
+    metrics.DECISIONS.labels(pool=name, direction=decision.direction,
+                             reason=decision.reason.value).inc()
     metrics.DESIRED.labels(pool=name).set(decision.replicas)
     entry = {"from": decision.current, "to": decision.replicas, "direction": decision.direction,
              "reason": decision.reason.value, "message": decision.message, "pool": name,
              "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if decision.direction != "hold" or decision.reason.value != previous_reason:
-        emit(decision.reason.value, f"{decision.current} -> {decision.replicas}: {decision.message}")
+        emit(decision.reason.value,
+             f"{decision.current} -> {decision.replicas}: {decision.message}")
     return entry
 
 
-async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj, states: dict[str, PoolState],
+async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj, states: dict[str,
+                                                                                        PoolState],
                    emit: Emit, now: float | None = None) -> tuple[Decision | None, Obj]:
-    """Runs one evaluation; returns the decision (None for a manual pool) and the pool's new status fields."""
+    """Runs one evaluation; returns the decision (None for a manual pool) and the pool's new status
+    fields."""
     observed = await observe(kube, body)
     status: Obj = {**observed}
     if spec["autoscaling"]["mode"] == "manual":
@@ -82,7 +92,8 @@ async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj, state
     policy, signals = policy_from_spec(spec), await fetch_signals(source, body)
     base = states.get(key) or PoolState(replicas=spec["replicas"], now=0.0)
     state = replace(base, replicas=spec["replicas"], ready_replicas=observed["readyReplicas"],
-                    pending_replicas=observed["pendingReplicas"], now=now if now is not None else time.time())
+                    pending_replicas=observed["pendingReplicas"],
+                    now=now if now is not None else time.time())
     decision = decide(signals, state, policy)
     keep = max(policy.up.stabilization_s, policy.down.stabilization_s)
     states[key] = next_state(state, decision, signals, keep_s=keep)

@@ -1,11 +1,15 @@
-"""Where a pool's load comes from: Prometheus when configured, else the router's JSON stats endpoint.
+"""Where a pool's load comes from: Prometheus when configured, else the router's JSON stats
+endpoint.
 
-The router's endpoint (GET {routerUrl}{--router-stats-path}, baton.services.router.server.stats_json) answers
+The router's endpoint (GET {routerUrl}{--router-stats-path},
+baton.services.router.server.stats_json) answers
     {"pools": {"prefill": {"workers": 2, "queued_prefill_tokens": 900, "inflight_requests": 7,
-                           "mean_kv_utilization": 0.4, "saturated": 0}, "decode": {...}, "mixed": {...}},
+                           "mean_kv_utilization": 0.4, "saturated": 0},
+               "decode": {...}, "mixed": {...}},
      "queued_requests": 3, "leases": 12}
-A router serves one BatonDeployment, so a pool is found by its role. Only the load signals the router knows come
-from it (KV usage, running and waiting requests); the rate and latency signals need Prometheus.
+A router serves one BatonDeployment, so a pool is found by its role. Only the load signals the
+router knows come from it (KV usage, running and waiting requests); the rate and latency signals
+need Prometheus.
 """
 from __future__ import annotations
 
@@ -22,20 +26,21 @@ from baton.operators.autoscaler.policy import Signals
 log = logging.getLogger(__name__)
 FIELDS = {f.name for f in dataclasses.fields(Signals)}
 
-# One instant query per signal. {pool} selects the pool's workers, {deployment} the whole BatonDeployment
-# (gateway metrics carry no pool); the labels come from the ServiceMonitor/PodMonitor relabelings.
+# One instant query per signal. {pool} selects the pool's workers, {deployment} the whole
+# BatonDeployment (gateway metrics carry no pool); the labels come from the
+# ServiceMonitor/PodMonitor relabelings.
 PROMQL = {
-    # The router's admission queue: requests wait there when no worker has room (it has no per-pool split).
-    "queue_time_p95_s":
-        "histogram_quantile(0.95, sum by (le) (rate(baton_router_queue_time_seconds_bucket{{{deployment}}}[2m])))",
+    # The router's admission queue: requests wait there when no worker has room (it has no per-pool
+    # split).
+    "queue_time_p95_s": "histogram_quantile(0.95, sum by (le) "
+                        "(rate(baton_router_queue_time_seconds_bucket{{{deployment}}}[2m])))",
     "prompt_tokens_per_s": "sum(rate(baton_prompt_tokens_computed_total{{{pool}}}[2m]))",
     "prefill_capacity_tokens_per_s":
         "max_over_time((sum(rate(baton_prompt_tokens_computed_total{{{pool}}}[1m]))"
         " / count(baton_num_requests_running{{{pool}}}))[1h:1m])",
     "kv_cache_usage": "avg(baton_kv_cache_usage_perc{{{pool}}})",
-    "tpot_attainment":
-        'sum(rate(baton_slo_requests_total{{{deployment},met="true"}}[5m]))'
-        ' / sum(rate(baton_slo_requests_total{{{deployment}}}[5m]))',
+    "tpot_attainment": 'sum(rate(baton_slo_requests_total{{{deployment},met="true"}}[5m]))'
+                       ' / sum(rate(baton_slo_requests_total{{{deployment}}}[5m]))',
     "goodput_tokens_per_s": "sum(rate(baton_goodput_tokens_total{{{deployment}}}[2m]))",
     "running_requests": "sum(baton_num_requests_running{{{pool}}})",
     "waiting_requests": "sum(baton_num_requests_waiting{{{pool}}})",
@@ -71,8 +76,9 @@ class RouterStatsSource:
 
 
 def router_signals(stats: dict[str, Any], role: str) -> Signals:
-    """The router's /stats JSON -> the role's Signals. Requests the router holds count as waiting for every pool:
-    a queued request waits for whichever pool lacks room, and a pool at zero replicas must wake for them."""
+    """The router's /stats JSON -> the role's Signals. Requests the router holds count as waiting
+    for every pool: a queued request waits for whichever pool lacks room, and a pool at zero
+    replicas must wake for them."""
     pool = stats.get("pools", {}).get(role)
     if pool is None:
         return Signals()
@@ -82,9 +88,12 @@ def router_signals(stats: dict[str, Any], role: str) -> Signals:
 
 
 def promql(pool: PoolRef) -> dict[str, str]:
-    return {name: query.format(pool=f'namespace="{pool.namespace}",pool="{pool.name}"',
-                               deployment=f'namespace="{pool.namespace}",deployment="{pool.deployment}"')
-            for name, query in PROMQL.items()}
+    return {
+        name: query.format(
+            pool=f'namespace="{pool.namespace}",pool="{pool.name}"',
+            deployment=f'namespace="{pool.namespace}",deployment="{pool.deployment}"')
+        for name, query in PROMQL.items()
+    }
 
 
 class PrometheusSource:
@@ -92,7 +101,8 @@ class PrometheusSource:
         self.session, self.url = session, url.rstrip("/")
 
     async def _query(self, expression: str) -> float | None:
-        async with self.session.get(f"{self.url}/api/v1/query", params={"query": expression}) as response:
+        async with self.session.get(f"{self.url}/api/v1/query",
+                                    params={"query": expression}) as response:
             response.raise_for_status()
             body = await response.json()
         result = body.get("data", {}).get("result", [])

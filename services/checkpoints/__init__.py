@@ -1,1 +1,2 @@
-"""Checkpoint folders Baton makes itself (the embedded tiny model), shared by every service and the tests."""
+"""Checkpoint folders Baton makes itself (the embedded tiny model), shared by every service and the
+tests."""

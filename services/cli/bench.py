@@ -1,7 +1,7 @@
 """`baton bench <kind>`: benchmarks, one subcommand each.
 
-A new kind (kv-transfer, router, gateway) gets its own module with a `register(kinds)` and one call in
-`register` below; `bench` itself only owns the subparser the kinds hang from.
+A new kind (kv-transfer, router, gateway) gets its own module with a `register(kinds)` and one call
+in `register` below; `bench` itself only owns the subparser the kinds hang from.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from baton.loadtest.bench.throughput import (EngineShape, ThroughputResult, form
                                              kv_blocks_for, machine_info, report, run_baton, run_hf,
                                              special_token_ids, warmup_workload)
 from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
-from baton.loadtest.workloads import Request, random_workload, shared_prefix_workload, summarize, trace_workload
+from baton.loadtest.workloads import (Request, random_workload, shared_prefix_workload, summarize,
+                                      trace_workload)
 from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.services.cli import bench_decode_step, bench_isolation, bench_overload
 from baton.services.cli.bench_gateway import register as register_gateway
@@ -37,7 +38,8 @@ DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, DEFAULT_RANGE_RATIO = 144, 136, (0.7778, 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks", description="Benchmarks; see each kind's --help.")
+    parser = subparsers.add_parser("bench", help="benchmarks",
+                                   description="Benchmarks; see each kind's --help.")
     kinds = parser.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
     register_throughput(kinds)
     register_kv_transfer(kinds)
@@ -51,32 +53,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def register_throughput(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
         "throughput", help="offline throughput of the engine (optionally against transformers)",
-        description="Offline throughput: all requests at once, greedy, EOS ignored so every request generates "
-                    "exactly its output length. Model loading and a small warm-up are not timed.")
+        description=
+        "Offline throughput: all requests at once, greedy, EOS ignored so every request generates "
+        "exactly its output length. Model loading and a small warm-up are not timed.")
     w = parser.add_argument_group("workload")
-    w.add_argument("--workload", choices=("random", "shared-prefix", "trace"), default="random",
-                   help="random prompts; the same random prompts behind one shared prefix; or a public trace")
+    w.add_argument(
+        "--workload", choices=("random", "shared-prefix", "trace"), default="random",
+        help="random prompts; the same random prompts behind one shared prefix; or a public trace")
     w.add_argument("--num-prompts", type=int, default=128, help="requests [default: 128]")
-    w.add_argument("--input-len", type=int, default=DEFAULT_INPUT_LEN,
-                   help="mean prompt length (shared-prefix: of the part after the prefix) [default: 144]")
-    w.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="mean output length [default: 136]")
-    w.add_argument("--range-ratio", type=float, nargs="+", default=list(DEFAULT_RANGE_RATIO), metavar="R",
-                   help="lengths are uniform in [len*(1-R), len*(1+R)]; one R for both or input R then output R "
-                        "[default: 0.7778 0.8824, i.e. inputs 32-256 and outputs 16-256]")
-    w.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens shared by all [default: 512]")
-    w.add_argument("--trace", choices=tuple(TRACE_FILES), default="mooncake-conv", help="trace: which one")
-    w.add_argument("--trace-scale", type=float, default=16.0,
-                   help="trace: every length is divided by this (Mooncake needs a divisor of 512) [default: 16]")
-    w.add_argument("--traces-dir", default=None,
-                   help=f"trace folder [default: ${TRACES_DIR_ENV}, else ../shared/traces beside the repository]")
-    w.add_argument("--seed", type=int, default=0, help="seed of the workload and of the engine's sampler")
-    parser.add_argument("--compare", choices=("hf",), default=None,
-                        help="also run transformers' continuous batching on the same checkpoint and requests")
-    parser.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
-                        help="constrain every request to this JSON schema (response_format json_schema), then run "
-                             "the same requests unconstrained at the lengths the constrained run produced")
-    parser.add_argument("--output-json", type=Path, default=None, help="write every figure, the command and the "
-                                                                       "machine to this file")
+    w.add_argument(
+        "--input-len", type=int, default=DEFAULT_INPUT_LEN,
+        help="mean prompt length (shared-prefix: of the part after the prefix) [default: 144]")
+    w.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN,
+                   help="mean output length [default: 136]")
+    w.add_argument(
+        "--range-ratio", type=float, nargs="+", default=list(DEFAULT_RANGE_RATIO), metavar="R",
+        help="lengths are uniform in [len*(1-R), len*(1+R)]; one R for both or input R then output "
+             "R "
+        "[default: 0.7778 0.8824, i.e. inputs 32-256 and outputs 16-256]")
+    w.add_argument("--prefix-len", type=int, default=512,
+                   help="shared-prefix: tokens shared by all [default: 512]")
+    w.add_argument("--trace", choices=tuple(TRACE_FILES), default="mooncake-conv",
+                   help="trace: which one")
+    w.add_argument(
+        "--trace-scale", type=float, default=16.0,
+        help="trace: every length is divided by this (Mooncake needs a divisor of 512) [default: "
+             "16]"
+    )
+    w.add_argument(
+        "--traces-dir", default=None, help=
+        f"trace folder [default: ${TRACES_DIR_ENV}, else ../shared/traces beside the repository]")
+    w.add_argument("--seed", type=int, default=0,
+                   help="seed of the workload and of the engine's sampler")
+    parser.add_argument(
+        "--compare", choices=("hf", ), default=None,
+        help="also run transformers' continuous batching on the same checkpoint and requests")
+    parser.add_argument(
+        "--json-schema", type=Path, default=None, metavar="FILE",
+        help="constrain every request to this JSON schema (response_format json_schema), then run "
+        "the same requests unconstrained at the lengths the constrained run produced")
+    parser.add_argument("--output-json", type=Path, default=None,
+                        help="write every figure, the command and the "
+                        "machine to this file")
     add_settings_arguments(parser, EngineConfig, exclude=("seed",))
     parser.set_defaults(func=run_throughput)
 
@@ -87,19 +105,20 @@ def _range_ratio(values: list[float]) -> float | tuple[float, float]:
     return values[0] if len(values) == 1 else (values[0], values[1])
 
 
-def build_workload(args: argparse.Namespace, vocab_size: int, avoid: set[int], max_len: int) -> list[Request]:
+def build_workload(args: argparse.Namespace, vocab_size: int, avoid: set[int],
+                   max_len: int) -> list[Request]:
     if args.num_prompts < 1:
         raise ValueError("--num-prompts must be at least 1")
     ratio = _range_ratio(args.range_ratio)
     if args.workload == "random":
-        requests = random_workload(args.num_prompts, args.input_len, args.output_len, ratio, vocab_size, args.seed,
-                                   avoid)
+        requests = random_workload(args.num_prompts, args.input_len, args.output_len, ratio,
+                                   vocab_size, args.seed, avoid)
     elif args.workload == "shared-prefix":
-        requests = shared_prefix_workload(args.num_prompts, args.prefix_len, args.input_len, args.output_len, ratio,
-                                          vocab_size, args.seed, avoid)
+        requests = shared_prefix_workload(args.num_prompts, args.prefix_len, args.input_len,
+                                          args.output_len, ratio, vocab_size, args.seed, avoid)
     else:
-        requests = trace_workload(args.trace, args.num_prompts, args.trace_scale, vocab_size, args.seed, avoid,
-                                  max_len=max_len, traces_dir=args.traces_dir)
+        requests = trace_workload(args.trace, args.num_prompts, args.trace_scale, vocab_size,
+                                  args.seed, avoid, max_len=max_len, traces_dir=args.traces_dir)
     longest = max(len(p) + n for p, n in requests)
     if longest > max_len:
         raise ValueError(f"a request needs {longest} tokens; the model's context is {max_len}")
@@ -107,24 +126,33 @@ def build_workload(args: argparse.Namespace, vocab_size: int, avoid: set[int], m
 
 
 def _describe(args: argparse.Namespace, stats: dict[str, int | float]) -> str:
-    shape = {"random": "random", "shared-prefix": f"shared-prefix ({args.prefix_len}-token prefix)",
-             "trace": f"trace {args.trace} (lengths divided by {args.trace_scale:g})"}[args.workload]
-    return (f"workload: {shape}, {stats['num_requests']} requests, seed {args.seed}; "
-            f"input {stats['input_len_min']}-{stats['input_len_max']} (mean {stats['input_len_mean']}), "
-            f"output {stats['output_len_min']}-{stats['output_len_max']} (mean {stats['output_len_mean']}) tokens")
+    shape = {
+        "random": "random", "shared-prefix": f"shared-prefix ({args.prefix_len}-token prefix)",
+        "trace": f"trace {args.trace} (lengths divided by {args.trace_scale:g})"
+    }[args.workload]
+    return (
+        f"workload: {shape}, {stats['num_requests']} requests, seed {args.seed}; "
+        f"input {stats['input_len_min']}-{stats['input_len_max']} (mean "
+        f"{stats['input_len_mean']}), "
+        f"output {stats['output_len_min']}-{stats['output_len_max']} (mean "
+        f"{stats['output_len_mean']}) tokens"
+    )
 
 
 def _engine(args: argparse.Namespace, requests: list[Request]) -> LLMEngine:
-    """Without an explicit KV size, the cache is sized to the work (transformers plans for attention over its
-    whole cache, and both systems then get the same capacity), but never past what memory allows."""
+    """Without an explicit KV size, the cache is sized to the work (transformers plans for attention
+    over its whole cache, and both systems then get the same capacity), but never past what memory
+    allows."""
     config = settings_from_args(EngineConfig, args)
     if config.num_kv_blocks is not None or config.kv_cache_memory_gib is not None:
         return LLMEngine(config)
     wanted = kv_blocks_for(requests, config.block_size)
     engine = LLMEngine(config, kv_blocks_wanted=wanted)
     if engine.runner.num_blocks < wanted:
-        print(f"KV cache capped at the memory budget: {engine.runner.num_blocks} of the {wanted} blocks the "
-              f"workload would hold at once; requests queue for room", flush=True)
+        print(
+            f"KV cache capped at the memory budget: {engine.runner.num_blocks} of the {wanted} "
+            "blocks the "
+            f"workload would hold at once; requests queue for room", flush=True)
     return engine
 
 
@@ -133,7 +161,8 @@ def _structured(args: argparse.Namespace) -> StructuredOutput | None:
     if args.json_schema is None:
         return None
     if args.compare is not None:
-        raise ValueError("--json-schema runs its own comparison (constrained vs not); drop --compare")
+        raise ValueError(
+            "--json-schema runs its own comparison (constrained vs not); drop --compare")
     spec = StructuredOutput("json_schema", args.json_schema.read_text())
     check_structured(spec.kind, spec.value)
     return spec
@@ -141,8 +170,8 @@ def _structured(args: argparse.Namespace) -> StructuredOutput | None:
 
 def _run_engine(args: argparse.Namespace, requests: list[Request], warmup: list[Request],
                 structured: StructuredOutput | None) -> tuple[list[ThroughputResult], EngineShape]:
-    """The engine alone, or constrained and then unconstrained at the constrained lengths, each on a fresh
-    engine so the second run finds no prompt in the first one's prefix cache."""
+    """The engine alone, or constrained and then unconstrained at the constrained lengths, each on a
+    fresh engine so the second run finds no prompt in the first one's prefix cache."""
     engine = _engine(args, requests + warmup)
     shape = EngineShape.of(engine)
     results = [run_baton(engine, requests, warmup, structured)]
@@ -161,8 +190,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     tokenizer, model_config = AutoTokenizer.from_pretrained(str(model_dir)), load_config(model_dir)
     avoid = special_token_ids(tokenizer)
     try:
-        requests = build_workload(args, model_config.vocab_size, avoid,
-                                  getattr(args, "max_model_len", None) or model_config.max_position_embeddings)
+        requests = build_workload(
+            args, model_config.vocab_size, avoid,
+            getattr(args, "max_model_len", None) or model_config.max_position_embeddings)
         structured = _structured(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"baton bench throughput: error: {e}", file=sys.stderr)
@@ -176,14 +206,18 @@ def run_throughput(args: argparse.Namespace) -> int:
         print(f"baton bench throughput: error: {e}", file=sys.stderr)
         return 2
     if args.compare == "hf":
-        # Free the engine's KV cache first (_run_engine dropped it): on a GPU it holds most of the memory
-        # transformers will ask for.
+        # Free the engine's KV cache first (_run_engine dropped it): on a GPU it holds most of the
+        # memory transformers will ask for.
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         results.append(run_hf(shape, requests, warmup))
     print(format_table(results))
     if args.output_json is not None:
-        args_doc = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
-        args.output_json.write_text(json.dumps(report(args_doc, machine, stats, results), indent=2) + "\n")
+        args_doc = {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items() if k != "func"
+        }
+        args.output_json.write_text(
+            json.dumps(report(args_doc, machine, stats, results), indent=2) + "\n")
     return 0

@@ -1,11 +1,11 @@
-"""`baton bench kv-transfer`: the KV transports against each other, between two processes on this machine, over
-host caches (`--device cpu`: NIXL and gRPC) or GPU caches (`--device cuda`: NIXL over UCX's CUDA transports and
-the direct CUDA IPC transport; gRPC works too, through the host).
+"""`baton bench kv-transfer`: the KV transports against each other, between two processes on this
+machine, over host caches (`--device cpu`: NIXL and gRPC) or GPU caches (`--device cuda`: NIXL over
+UCX's CUDA transports and the direct CUDA IPC transport; gRPC works too, through the host).
 
-A child process plays the prefill worker (its cache, its NIXL agent, a gRPC server with PullKV); this process
-plays the decode worker and READs hand-offs of growing size into random local blocks from random remote blocks,
-as a paged allocator leaves them. The first read of every size is checked byte for byte (by digest against the
-child's own) and not timed; it also brings up the connection.
+A child process plays the prefill worker (its cache, its NIXL agent, a gRPC server with PullKV);
+this process plays the decode worker and READs hand-offs of growing size into random local blocks
+from random remote blocks, as a paged allocator leaves them. The first read of every size is checked
+byte for byte (by digest against the child's own) and not timed; it also brings up the connection.
 """
 from __future__ import annotations
 
@@ -46,32 +46,43 @@ class SizeResult:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
-        "kv-transfer", help="KV hand-off latency and bandwidth: NIXL against gRPC, two processes on loopback",
-        description="Reads hand-offs of each size from a child process over each transport. The default block is "
-                    "one Llama-3.1-8B (layer, block): 16 tokens x 8 KV heads x 128 dims x bf16, K and V = 64 KiB.")
+        "kv-transfer",
+        help="KV hand-off latency and bandwidth: NIXL against gRPC, two processes on loopback",
+        description=
+        "Reads hand-offs of each size from a child process over each transport. The default block "
+        "is "
+        "one Llama-3.1-8B (layer, block): 16 tokens x 8 KV heads x 128 dims x bf16, K and V = 64 "
+        "KiB."
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N",
                         help="blocks per hand-off [default: 1 4 16 64 256 1024]")
-    parser.add_argument("--layout", choices=sorted(LAYOUTS), default=None,
-                        help="a named cache shape; llama-8b: 32 layers, 8 KV heads x 128 dims, 16-token blocks, "
-                             "bf16 (overrides the four shape flags below)")
-    parser.add_argument("--num-layers", type=int, default=8,
-                        help="layers per block (Llama-3.1-8B has 32; 8 keeps two 1,024-block caches at 512 MiB "
-                             "each) [default: 8]")
+    parser.add_argument(
+        "--layout", choices=sorted(LAYOUTS), default=None,
+        help="a named cache shape; llama-8b: 32 layers, 8 KV heads x 128 dims, 16-token blocks, "
+        "bf16 (overrides the four shape flags below)")
+    parser.add_argument(
+        "--num-layers", type=int, default=8,
+        help="layers per block (Llama-3.1-8B has 32; 8 keeps two 1,024-block caches at 512 MiB "
+        "each) [default: 8]")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block [default: 16]")
     parser.add_argument("--kv-heads", type=int, default=8, help="KV heads [default: 8]")
     parser.add_argument("--head-dim", type=int, default=128, help="head dimension [default: 128]")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where both caches live [default: cpu]")
-    parser.add_argument("--blocks", choices=("random", "consecutive"), default="random",
-                        help="which blocks each read moves: scattered on both sides, or one run (coalesced into "
-                             "one range per layer) [default: random]")
-    parser.add_argument("--repeats", type=int, default=10, help="timed reads per size and transport [default: 10]")
+    parser.add_argument(
+        "--blocks", choices=("random", "consecutive"), default="random",
+        help="which blocks each read moves: scattered on both sides, or one run (coalesced into "
+        "one range per layer) [default: random]")
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed reads per size and transport [default: 10]")
     parser.add_argument("--transports", choices=TRANSPORTS, nargs="+", default=None,
                         help="[default: nixl grpc on cpu, nixl cuda_ipc on cuda]")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per read [default: 60]")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds allowed per read [default: 60]")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", type=Path, default=None, help="write every figure and the machine here")
+    parser.add_argument("--output-json", type=Path, default=None,
+                        help="write every figure and the machine here")
     parser.set_defaults(func=run_kv_transfer)
 
 
@@ -85,7 +96,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if "cuda_ipc" in args.transports and args.device != "cuda":
         raise ValueError("the cuda_ipc transport needs --device cuda")
     if args.layout is not None:
-        args.num_layers, args.block_size, args.kv_heads, args.head_dim, args.dtype = LAYOUTS[args.layout]
+        args.num_layers, args.block_size, args.kv_heads, args.head_dim, args.dtype = LAYOUTS[
+            args.layout]
 
 
 def run_kv_transfer(args: argparse.Namespace) -> int:
@@ -95,11 +107,15 @@ def run_kv_transfer(args: argparse.Namespace) -> int:
         print(f"baton bench kv-transfer: error: {e}", file=sys.stderr)
         return 2
     machine = machine_info()
-    shape = CacheShape(args.num_layers, max(args.sizes), args.block_size, args.kv_heads, args.head_dim, args.dtype)
-    print(f"{args.device} caches; block: {shape.block_nbytes()} bytes per (layer, block), {shape.num_layers} layers; "
-          f"{shape.num_blocks} blocks per cache; {args.repeats} timed reads per size", flush=True)
-    source = SourceProcess(SourceSpec(shape, args.seed, f"bench-src-{free_port()}", free_port(), free_port(),
-                                      args.device, free_port(), tuple(args.transports))).start()
+    shape = CacheShape(args.num_layers, max(args.sizes), args.block_size, args.kv_heads,
+                       args.head_dim, args.dtype)
+    print(
+        f"{args.device} caches; block: {shape.block_nbytes()} bytes per (layer, block), "
+        f"{shape.num_layers} layers; "
+        f"{shape.num_blocks} blocks per cache; {args.repeats} timed reads per size", flush=True)
+    source = SourceProcess(
+        SourceSpec(shape, args.seed, f"bench-src-{free_port()}", free_port(), free_port(),
+                   args.device, free_port(), tuple(args.transports))).start()
     local = torch.zeros(shape.dims(), dtype=getattr(torch, shape.dtype), device=args.device)
     results: list[SizeResult] = []
     notified: dict[str, int] = {}
@@ -111,16 +127,24 @@ def run_kv_transfer(args: argparse.Namespace) -> int:
                 results += [_measure(transport, source, local, n, args) for n in args.sizes]
             finally:
                 transport.close()
-            notified[kind] = _count_notifications(source, kind, len(args.sizes) * (args.repeats + 1))
+            notified[kind] = _count_notifications(source, kind,
+                                                  len(args.sizes) * (args.repeats + 1))
     finally:
         source.stop()
     print(format_table(results, args.transports))
     for kind, count in notified.items():
-        print(f"{kind}: the source was notified of {count} of {len(args.sizes) * (args.repeats + 1)} reads")
+        print(
+            f"{kind}: the source was notified of {count} of {len(args.sizes) * (args.repeats + 1)} "
+            "reads"
+        )
     if args.output_json is not None:
-        doc = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
-               "machine": machine, "block_nbytes": shape.block_nbytes(), "notified": notified,
-               "results": [asdict(r) for r in results]}
+        doc = {
+            "args": {
+                k: str(v) if isinstance(v, Path) else v
+                for k, v in vars(args).items() if k != "func"
+            }, "machine": machine, "block_nbytes": shape.block_nbytes(), "notified": notified,
+            "results": [asdict(r) for r in results]
+        }
         args.output_json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0 if all(r.verified for r in results) else 1
 
@@ -128,10 +152,13 @@ def run_kv_transfer(args: argparse.Namespace) -> int:
 def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor, n: int,
              args: argparse.Namespace) -> SizeResult:
     rng = random.Random(args.seed * 7919 + n)
-    remote_blocks, local_blocks = pick_blocks(rng, args.blocks, n, source.spec.shape.num_blocks, local.shape[1])
+    remote_blocks, local_blocks = pick_blocks(rng, args.blocks, n, source.spec.shape.num_blocks,
+                                              local.shape[1])
     peer = source.peers[transport.name]
-    byte_view(local)[:, local_blocks] = 0  # so the check below cannot pass on an earlier transport's bytes
-    result = transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-check".encode(), args.timeout)
+    # so the check below cannot pass on an earlier transport's bytes
+    byte_view(local)[:, local_blocks] = 0
+    result = transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-check".encode(),
+                            args.timeout)
     verified = blocks_digest(local, local_blocks) == source.digest(remote_blocks)
     latencies = []
     for i in range(args.repeats):
@@ -139,22 +166,25 @@ def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor,
         transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-{i}".encode(), args.timeout)
         latencies.append(time.perf_counter() - start)
     p50, p99 = np.percentile(latencies, [50, 99])
-    return SizeResult(transport.name, n, result.num_bytes, p50 * 1e3, p99 * 1e3, result.num_bytes / p50 / 1e9,
-                      verified)
+    return SizeResult(transport.name, n, result.num_bytes, p50 * 1e3, p99 * 1e3,
+                      result.num_bytes / p50 / 1e9, verified)
 
 
 def pick_blocks(rng: random.Random, pattern: str, n: int, remote_total: int,
                 local_total: int) -> tuple[list[int], list[int]]:
-    """`random`: n distinct blocks anywhere on each side, as a fragmented allocator leaves them; `consecutive`: one
-    run of n on each side, at a random start, as a fresh prompt gets them (one range per layer)."""
+    """`random`: n distinct blocks anywhere on each side, as a fragmented allocator leaves them;
+    `consecutive`: one run of n on each side, at a random start, as a fresh prompt gets them (one
+    range per layer)."""
     if pattern == "consecutive":
         remote, local = rng.randrange(remote_total - n + 1), rng.randrange(local_total - n + 1)
         return list(range(remote, remote + n)), list(range(local, local + n))
     return rng.sample(range(remote_total), n), rng.sample(range(local_total), n)
 
 
-def _count_notifications(source: SourceProcess, kind: str, expected: int, wait_s: float = 5.0) -> int:
-    """NIXL notifications arrive asynchronously after the READ completes, so give the last ones a moment."""
+def _count_notifications(source: SourceProcess, kind: str, expected: int,
+                         wait_s: float = 5.0) -> int:
+    """NIXL notifications arrive asynchronously after the READ completes, so give the last ones a
+    moment."""
     count, deadline = 0, time.monotonic() + wait_s
     while True:
         count += len(source.notifications()[kind])
@@ -177,7 +207,8 @@ def format_table(results: list[SizeResult], transports: list[str]) -> str:
         row = [by_key[(kind, n)] for kind in transports]
         line = f"{n:>7}{row[0].bytes:>13,}"
         for r in row:
-            line += f"{r.p50_ms:>14.3f}{r.p99_ms:>14.3f}{r.gb_per_s:>12.3f}" + ("" if r.verified else " UNVERIFIED")
+            line += f"{r.p50_ms:>14.3f}{r.p99_ms:>14.3f}{r.gb_per_s:>12.3f}" + ("" if r.verified
+                                                                                else " UNVERIFIED")
         if compare:
             line += f"{row[1].p50_ms / row[0].p50_ms:>15.1f}x"
         lines.append(line)

@@ -10,15 +10,17 @@ from baton.services.gateway.config import GatewayConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("gateway", help="serve the OpenAI-compatible HTTP API",
-                                   description="Serve /v1/completions, /v1/chat/completions and /v1/models, "
-                                               "placing each request through the router onto the workers.")
+    parser = subparsers.add_parser(
+        "gateway", help="serve the OpenAI-compatible HTTP API",
+        description="Serve /v1/completions, /v1/chat/completions and /v1/models, "
+        "placing each request through the router onto the workers.")
     add_settings_arguments(parser, GatewayConfig)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from baton.services.gateway.server import serve  # FastAPI and the tokenizer load only when it runs
+    # FastAPI and the tokenizer load only when it runs
+    from baton.services.gateway.server import serve
 
     try:
         config = settings_from_args(GatewayConfig, args)

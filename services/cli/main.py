@@ -8,13 +8,13 @@ import sys
 
 # Module names under baton.services.cli (the command is the name with '-' for '_'); each defines
 # register(subparsers) and sets a `func` default.
-SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router", "gateway", "serve",
-                      "loadtest", "loadtest_compare")
+SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router",
+                      "gateway", "serve", "loadtest", "loadtest_compare")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser for every subcommand, or for `only` one: some modules import torch and transformers, which
-    a router or gateway process should not wait seconds for."""
+    """The parser for every subcommand, or for `only` one: some modules import torch and
+    transformers, which a router or gateway process should not wait seconds for."""
     parser = argparse.ArgumentParser(prog="baton", description="Baton: disaggregated LLM serving")
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -34,7 +34,8 @@ def _requested(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_requested(argv)).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)
 
 

@@ -1,4 +1,5 @@
-"""`baton make-tiny-model DIR`: write a tiny random Hugging Face checkpoint (for tests, demos and benchmarks)."""
+"""`baton make-tiny-model DIR`: write a tiny random Hugging Face checkpoint (for tests, demos and
+benchmarks)."""
 from __future__ import annotations
 
 import argparse
@@ -10,20 +11,25 @@ from transformers.utils import logging as hf_logging
 from baton.services.checkpoints.tiny_model import (ARCHS, PRESETS, TinyModelSpec, count_parameters,
                                                    make_tiny_model)
 
-# Every spec field but these gets an override flag, so new size knobs reach the CLI without edits here.
+# Every spec field but these gets an override flag, so new size knobs reach the CLI without edits
+# here.
 _NOT_SIZES = ("arch", "seed")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "make-tiny-model", help="write a tiny random Hugging Face checkpoint",
-        description="Write a random checkpoint (config, safetensors weights, BPE tokenizer, ChatML chat template) "
-                    "that transformers and baton load like any other model.")
+        "make-tiny-model", help="write a tiny random Hugging Face checkpoint", description=
+        "Write a random checkpoint (config, safetensors weights, BPE tokenizer, ChatML chat "
+        "template) "
+        "that transformers and baton load like any other model.")
     parser.add_argument("dir", help="output folder (created if missing)")
-    parser.add_argument("--arch", choices=ARCHS, default="llama", help="model architecture [default: llama]")
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="tiny",
-                        help="sizes: tiny (~150K parameters, for tests) or bench (~30M) [default: tiny]")
-    parser.add_argument("--seed", type=int, default=0, help="weight seed; the same seed gives identical files")
+    parser.add_argument("--arch", choices=ARCHS, default="llama",
+                        help="model architecture [default: llama]")
+    parser.add_argument(
+        "--preset", choices=tuple(PRESETS), default="tiny",
+        help="sizes: tiny (~150K parameters, for tests) or bench (~30M) [default: tiny]")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="weight seed; the same seed gives identical files")
     sizes = parser.add_argument_group("size overrides (default: the preset's)")
     for field in dataclasses.fields(TinyModelSpec):
         if field.name in _NOT_SIZES:

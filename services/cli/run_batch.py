@@ -1,7 +1,8 @@
 """`baton run-batch -i IN.jsonl -o OUT.jsonl`: an OpenAI batch file through one engine, offline.
 
-Input lines are OpenAI batch requests ({"custom_id", "method", "url", "body"}); output lines are OpenAI batch
-results in input order. A line that cannot be served gets a 400 result of its own and the others go on.
+Input lines are OpenAI batch requests ({"custom_id", "method", "url", "body"}); output lines are
+OpenAI batch results in input order. A line that cannot be served gets a 400 result of its own and
+the others go on.
 """
 from __future__ import annotations
 
@@ -23,29 +24,33 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "run-batch", help="run an OpenAI batch file (JSONL) offline",
-        description="Serve every line of an OpenAI batch input file (/v1/completions and /v1/chat/completions) "
-                    "with one engine and write the batch output file, one line per input line, in order.")
+        "run-batch", help="run an OpenAI batch file (JSONL) offline", description=
+        "Serve every line of an OpenAI batch input file (/v1/completions and /v1/chat/completions) "
+        "with one engine and write the batch output file, one line per input line, in order.")
     parser.add_argument("-i", "--input-file", required=True, help="OpenAI batch input file (JSONL)")
-    parser.add_argument("-o", "--output-file", required=True, help="where to write the batch output (JSONL)")
+    parser.add_argument("-o", "--output-file", required=True,
+                        help="where to write the batch output (JSONL)")
     add_settings_arguments(parser, EngineConfig)
     parser.set_defaults(func=run)
 
 
 def parse_line(line: str, number: int) -> tuple[str | None, tuple[str, Any] | ProtocolError]:
-    """The custom_id of a batch input line (None when unreadable) and its (url, body), or why it cannot be served."""
+    """The custom_id of a batch input line (None when unreadable) and its (url, body), or why it
+    cannot be served."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
         return None, ProtocolError(f"line {number}: invalid JSON: {e}", code="invalid_json")
     if not isinstance(item, dict):
-        return None, ProtocolError(f"line {number}: a batch line must be a JSON object", code="invalid_json")
+        return None, ProtocolError(f"line {number}: a batch line must be a JSON object",
+                                   code="invalid_json")
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return None, ProtocolError(f"line {number}: custom_id must be a non-empty string", param="custom_id")
+        return None, ProtocolError(f"line {number}: custom_id must be a non-empty string",
+                                   param="custom_id")
     if item.get("method", "POST") != "POST":
-        return custom_id, ProtocolError(f"line {number}: method must be POST, not {item['method']!r}",
-                                        param="method")
+        return custom_id, ProtocolError(
+            f"line {number}: method must be POST, not {item['method']!r}", param="method")
     if not isinstance(item.get("url"), str):
         return custom_id, ProtocolError(f"line {number}: url must be a string", param="url")
     extra = set(item) - {"custom_id", "method", "url", "body"}
@@ -56,13 +61,16 @@ def parse_line(line: str, number: int) -> tuple[str | None, tuple[str, Any] | Pr
 
 
 def output_line(custom_id: str | None, result: dict[str, Any] | ProtocolError) -> dict[str, Any]:
-    """An OpenAI batch output line: errors are responses too (their status and error body), as OpenAI writes them."""
+    """An OpenAI batch output line: errors are responses too (their status and error body), as
+    OpenAI writes them."""
     if isinstance(result, ProtocolError):
         status, request_id, body = result.status, f"req_{uuid.uuid4().hex}", result.body()
     else:
         status, request_id, body = 200, result["id"], result
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
+    return {
+        "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None
+    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,11 +1,12 @@
-"""`baton serve`: the whole stack on one machine, as local processes on loopback: workers (a prefill and a decode
-pool, or mixed workers), the router and the gateway. It waits until all are ready, prints the URL and a sample
-request, and stops everything (gateway first, workers last, each draining) on Ctrl-C or SIGTERM.
+"""`baton serve`: the whole stack on one machine, as local processes on loopback: workers (a prefill
+and a decode pool, or mixed workers), the router and the gateway. It waits until all are ready,
+prints the URL and a sample request, and stops everything (gateway first, workers last, each
+draining) on Ctrl-C or SIGTERM.
 
-On a GPU every worker runs on the same (first visible) device, so each gets a share of its memory: the workers
-together may use --gpu-memory-utilization of it, the prefill pool --prefill-memory-share of that, split evenly
-within each pool; a worker sizes its KV cache from its share (less its weights). On the CPU the shares are
-passed and ignored."""
+On a GPU every worker runs on the same (first visible) device, so each gets a share of its memory:
+the workers together may use --gpu-memory-utilization of it, the prefill pool --prefill-memory-share
+of that, split evenly within each pool; a worker sizes its KV cache from its share (less its
+weights). On the CPU the shares are passed and ignored."""
 from __future__ import annotations
 
 import argparse
@@ -22,29 +23,39 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("serve", help="run the whole stack (workers, router, gateway) on this machine",
-                                   description=__doc__)
-    parser.add_argument("--model", default=None, help="checkpoint folder [default: the embedded tiny model]")
-    parser.add_argument("--served-model-name", default=None, help="name clients use [default: the folder's]")
+    parser = subparsers.add_parser(
+        "serve", help="run the whole stack (workers, router, gateway) on this machine",
+        description=__doc__)
+    parser.add_argument("--model", default=None,
+                        help="checkpoint folder [default: the embedded tiny model]")
+    parser.add_argument("--served-model-name", default=None,
+                        help="name clients use [default: the folder's]")
     parser.add_argument("--host", default="127.0.0.1", help="gateway address [default: 127.0.0.1]")
     parser.add_argument("--port", type=int, default=8000, help="gateway port [default: 8000]")
     parser.add_argument("--mode", choices=("disaggregated", "colocated"), default="disaggregated")
-    parser.add_argument("--prefill-workers", type=int, default=1, help="disaggregated: prefill workers [1]")
+    parser.add_argument("--prefill-workers", type=int, default=1,
+                        help="disaggregated: prefill workers [1]")
     parser.add_argument("--decode-workers", type=int, default=1,
                         help="decode workers (colocated: mixed workers) [default: 1]")
-    parser.add_argument("--kv-transport", choices=("nixl", "grpc", "cuda_ipc"), default="nixl",
-                        help="how decode workers read prefill KV; cuda_ipc: GPU caches on this node, without UCX "
-                             "[default: nixl]")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="share of the GPU's memory all workers together may use [default: 0.9]")
-    parser.add_argument("--prefill-memory-share", type=float, default=None,
-                        help="disaggregated: the prefill workers' part of that share, 0..1 [default: their "
-                             "share of the worker count]")
-    parser.add_argument("--api-keys-file", default=None, help="require API keys from this file [default: no auth]")
-    parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
-                        help="extra argument for every worker, e.g. --worker-arg=--num-kv-blocks=512 (repeatable)")
-    parser.add_argument("--router-arg", action="append", default=[], metavar="ARG",
-                        help="extra argument for the router, e.g. --router-arg=--queue-max-size=0 (repeatable)")
+    parser.add_argument(
+        "--kv-transport", choices=("nixl", "grpc", "cuda_ipc"), default="nixl",
+        help="how decode workers read prefill KV; cuda_ipc: GPU caches on this node, without UCX "
+        "[default: nixl]")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9,
+        help="share of the GPU's memory all workers together may use [default: 0.9]")
+    parser.add_argument(
+        "--prefill-memory-share", type=float, default=None,
+        help="disaggregated: the prefill workers' part of that share, 0..1 [default: their "
+        "share of the worker count]")
+    parser.add_argument("--api-keys-file", default=None,
+                        help="require API keys from this file [default: no auth]")
+    parser.add_argument(
+        "--worker-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for every worker, e.g. --worker-arg=--num-kv-blocks=512 (repeatable)")
+    parser.add_argument(
+        "--router-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for the router, e.g. --router-arg=--queue-max-size=0 (repeatable)")
     parser.set_defaults(func=run)
 
 
@@ -54,8 +65,10 @@ def _roles(args: argparse.Namespace) -> list[str]:
     return ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
 
 
-def memory_shares(roles: Sequence[str], total: float, prefill_share: float | None = None) -> list[float]:
-    """Each worker's --gpu-memory-utilization: `total` split between the pools, then evenly within each."""
+def memory_shares(roles: Sequence[str], total: float,
+                  prefill_share: float | None = None) -> list[float]:
+    """Each worker's --gpu-memory-utilization: `total` split between the pools, then evenly within
+    each."""
     if not 0 < total <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], not {total}")
     prefill = sum(role == "prefill" for role in roles)
@@ -63,7 +76,8 @@ def memory_shares(roles: Sequence[str], total: float, prefill_share: float | Non
     if prefill_share is None or not prefill or not others:
         return [total / len(roles)] * len(roles)
     if not 0 < prefill_share < 1:
-        raise ValueError(f"--prefill-memory-share must be strictly between 0 and 1, not {prefill_share}")
+        raise ValueError(
+            f"--prefill-memory-share must be strictly between 0 and 1, not {prefill_share}")
     return [total * (prefill_share / prefill if role == "prefill" else (1 - prefill_share) / others)
             for role in roles]
 
@@ -72,21 +86,27 @@ def _start_workers(args: argparse.Namespace, model: str, name: str,
                    started: list[ServiceProcess]) -> list[ServiceProcess]:
     roles = _roles(args)
     shares = memory_shares(roles, args.gpu_memory_utilization, args.prefill_memory_share)
-    # One core each where there are enough; torch's default (all cores per process) would oversubscribe.
+    # One core each where there are enough; torch's default (all cores per process) would
+    # oversubscribe.
     threads = str(max(1, (os.cpu_count() or 1) // len(roles)))
     workers = []
     for i, (role, share) in enumerate(zip(roles, shares)):
-        workers.append(launch_service(f"{role}-worker-{i}", [
-            "worker", "--role", role, "--model", model, "--served-model-name", name, "--port", str(free_port()),
-            "--kv-port", str(free_port()), "--metrics-port", str(free_port()), "--kv-transport", args.kv_transport,
-            f"--gpu-memory-utilization={share:.4f}", *args.worker_arg], env={"BATON_NUM_THREADS": os.environ.get("BATON_NUM_THREADS", threads)}))
+        workers.append(
+            launch_service(f"{role}-worker-{i}", [
+                "worker", "--role", role, "--model", model, "--served-model-name", name, "--port",
+                str(free_port()), "--kv-port",
+                str(free_port()), "--metrics-port",
+                str(free_port()), "--kv-transport", args.kv_transport,
+                f"--gpu-memory-utilization={share:.4f}", *args.worker_arg
+            ], env={"BATON_NUM_THREADS": os.environ.get("BATON_NUM_THREADS", threads)}))
         started.insert(0, workers[-1])
     return [w.wait_ready() for w in workers]
 
 
-def start_stack(args: argparse.Namespace, model: str, name: str, started: list[ServiceProcess]) -> None:
-    """Starts every service in dependency order, each put at the front of `started` (the order to stop them),
-    so a failure part-way still stops what did start."""
+def start_stack(args: argparse.Namespace, model: str, name: str,
+                started: list[ServiceProcess]) -> None:
+    """Starts every service in dependency order, each put at the front of `started` (the order to
+    stop them), so a failure part-way still stops what did start."""
     workers = _start_workers(args, model, name, started)
     router = launch_service("router", [
         "router", "--port", str(free_port()), "--metrics-port", str(free_port()), "--model", name,
@@ -95,8 +115,10 @@ def start_stack(args: argparse.Namespace, model: str, name: str, started: list[S
     router.wait_ready()
     auth = ["--api-keys-file", args.api_keys_file] if args.api_keys_file else ["--no-auth"]
     gateway = launch_service("gateway", [
-        "gateway", "--host", args.host, "--port", str(args.port), "--router", router.address, "--model", model,
-        "--served-model-name", name, *auth])
+        "gateway", "--host", args.host, "--port",
+        str(args.port), "--router", router.address, "--model", model, "--served-model-name", name,
+        *auth
+    ])
     started.insert(0, gateway)
     gateway.wait_ready()
 
@@ -120,15 +142,19 @@ def run(args: argparse.Namespace) -> int:
             log.error("the stack did not start: %s", e)
             return 1
         url = f"http://{args.host}:{args.port}/v1"
-        print(f"baton serve ready: address={args.host}:{args.port} mode={args.mode} workers={len(services) - 2} "
-              f"model={name}\n"
-              f"  OpenAI API: {url}\n  try: curl {url}/completions -H 'Content-Type: application/json' "
-              f"-d '{{\"model\": \"{name}\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}}'", flush=True)
+        print(
+            f"baton serve ready: address={args.host}:{args.port} mode={args.mode} "
+            f"workers={len(services) - 2} "
+            f"model={name}\n"
+            f"  OpenAI API: {url}\n  try: curl {url}/completions -H 'Content-Type: "
+            "application/json' "
+            f"-d '{{\"model\": \"{name}\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}}'",
+            flush=True)
         while not stop.wait(0.5):
             dead = [s for s in services if s.process.poll() is not None]
             if dead:
-                log.error("%s exited with %s; stopping the stack:\n%s", dead[0].name, dead[0].process.returncode,
-                          dead[0].log())
+                log.error("%s exited with %s; stopping the stack:\n%s", dead[0].name,
+                          dead[0].process.returncode, dead[0].log())
                 return 1
         return 0
     finally:

@@ -1,4 +1,5 @@
-"""`baton worker --role prefill|decode|mixed --model DIR --port P [engine flags]`: one engine over gRPC."""
+"""`baton worker --role prefill|decode|mixed --model DIR --port P [engine flags]`: one engine over
+gRPC."""
 from __future__ import annotations
 
 import argparse
@@ -11,9 +12,10 @@ from baton.services.worker.config import WorkerConfig
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "worker", help="serve an engine over gRPC (prefill, decode or mixed role)",
-        description="Serve one engine over gRPC. Prefill workers hand KV blocks to decode workers over NIXL (or "
-                    "gRPC); a mixed worker serves both phases. SIGTERM drains in-flight work before exiting.")
+        "worker", help="serve an engine over gRPC (prefill, decode or mixed role)", description=
+        "Serve one engine over gRPC. Prefill workers hand KV blocks to decode workers over NIXL "
+        "(or "
+        "gRPC); a mixed worker serves both phases. SIGTERM drains in-flight work before exiting.")
     add_settings_arguments(parser, WorkerConfig)
     add_settings_arguments(parser, EngineConfig)
     parser.set_defaults(func=run)
@@ -22,4 +24,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from baton.services.worker.server import serve  # heavy imports only when the command runs
 
-    return asyncio.run(serve(settings_from_args(WorkerConfig, args), settings_from_args(EngineConfig, args)))
+    return asyncio.run(
+        serve(settings_from_args(WorkerConfig, args), settings_from_args(EngineConfig, args)))

@@ -1,6 +1,7 @@
-"""Renders docs/configuration.md from the services' settings classes, so each setting is documented once (in its
-field's description) and the page cannot drift: `python -m baton.services.common.config_docs > docs/configuration.md`,
-checked by tests/test_configuration_docs.py."""
+"""Renders docs/configuration.md from the services' settings classes, so each setting is documented
+once (in its field's description) and the page cannot drift: `python -m
+baton.services.common.config_docs > docs/configuration.md`, checked by
+tests/test_configuration_docs.py."""
 from __future__ import annotations
 
 import importlib
@@ -9,7 +10,8 @@ from baton.services.common.settings import BatonSettings
 
 # (command, "module:Class") in the order the page lists them.
 SETTINGS = (
-    ("baton worker, baton run-batch, baton bench throughput (engine)", "baton.services.engine.config:EngineConfig"),
+    ("baton worker, baton run-batch, baton bench throughput (engine)",
+     "baton.services.engine.config:EngineConfig"),
     ("baton worker", "baton.services.worker.config:WorkerConfig"),
     ("baton router (service)", "baton.services.router.server:RouterServiceConfig"),
     ("baton router (policy)", "baton.services.router.config:RouterConfig"),
@@ -29,13 +31,21 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    lines = ["# Configuration", "",
-             "Every setting is a command-line flag and a `BATON_<NAME>` environment variable; a flag wins over the",
-             "variable, the variable over the default. This page is generated from the settings classes",
-             "(`python -m baton.services.common.config_docs`); their field descriptions are the only source.", ""]
+    lines = [
+        "# Configuration", "",
+        "Every setting is a command-line flag and a `BATON_<NAME>` environment variable; a flag "
+        "wins over the",
+        "variable, the variable over the default. This page is generated from the settings classes",
+        "(`python -m baton.services.common.config_docs`); their field descriptions are the only "
+        "source.",
+        ""
+    ]
     for command, path in SETTINGS:
         cls = settings_class(path)
-        lines += [f"## {command}: `{cls.__name__}`", "", "| flag | variable | default | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"## {command}: `{cls.__name__}`", "", "| flag | variable | default | meaning |",
+            "|---|---|---|---|"
+        ]
         for name, field in cls.model_fields.items():
             flag = "--" + name.replace("_", "-")
             lines.append(f"| `{flag}` | `BATON_{name.upper()}` | `{_cell(repr(field.default))}` | "

@@ -1,4 +1,5 @@
-"""Between the gRPC messages (baton.v1) and the plain shared types (sampling parameters, outputs, logprobs)."""
+"""Between the gRPC messages (baton.v1) and the plain shared types (sampling parameters, outputs,
+logprobs)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -12,8 +13,9 @@ from baton.services.common.sampling_params import SamplingParams, StructuredOutp
 from baton.v1 import worker_pb2 as pb
 
 
-# Unset proto scalars read as zero; for these fields zero is never a valid value, so it means the engine's default.
-# (temperature 0 is greedy and skip_special_tokens false is a choice: those are read as sent.)
+# Unset proto scalars read as zero; for these fields zero is never a valid value, so it means the
+# engine's default. (temperature 0 is greedy and skip_special_tokens false is a choice: those are
+# read as sent.)
 ZERO_MEANS_DEFAULT = frozenset({"max_tokens", "top_p", "repetition_penalty"})
 _PARAM_FIELDS = {f.name: f for f in fields(SamplingParams)}
 _WIRE_FIELDS = pb.SamplingParams.DESCRIPTOR.fields_by_name
@@ -35,22 +37,27 @@ def _param_from_wire(p: pb.SamplingParams, name: str) -> Any:
     if wire.has_presence and not p.HasField(name):
         return None
     if wire.message_type is not None:
-        return StructuredOutput(**{f.name: getattr(value, f.name) for f in fields(StructuredOutput)})
+        return (StructuredOutput(
+            **{f.name: getattr(value, f.name)
+               for f in fields(StructuredOutput)}))
     if name in ZERO_MEANS_DEFAULT and not value:
         return _PARAM_FIELDS[name].default
     return value
 
 
 def params_from_proto(p: pb.SamplingParams) -> SamplingParams:
-    """Field by field, by name: the dataclass and the message declare the same fields (a test holds them
-    equal), so a field added to both travels without touching this."""
+    """Field by field, by name: the dataclass and the message declare the same fields (a test holds
+    them equal), so a field added to both travels without touching this."""
     return SamplingParams(**{name: _param_from_wire(p, name) for name in _PARAM_FIELDS})
 
 
 def params_to_proto(p: SamplingParams) -> pb.SamplingParams:
-    # None leaves optional fields unset; nested dataclasses go as dicts, which the message constructor accepts.
+    # None leaves optional fields unset; nested dataclasses go as dicts, which the message
+    # constructor accepts.
     values = {name: getattr(p, name) for name in _PARAM_FIELDS}
-    return pb.SamplingParams(**{name: asdict(v) if is_dataclass(v) else v for name, v in values.items()})
+    return pb.SamplingParams(
+        **{name: asdict(v) if is_dataclass(v) else v
+           for name, v in values.items()})
 
 
 def logprob_to_proto(lp: TokenLogprobs) -> pb.TokenLogprob:
@@ -71,7 +78,8 @@ def prompt_logprobs_from_proto(entries: Iterable[pb.TokenLogprob]) -> list[Token
     return [None, *(logprob_from_proto(lp) for lp in entries)]
 
 
-def set_stop_reason(message: pb.GenerateResponse | pb.PrefillResponse, reason: int | str | None) -> None:
+def set_stop_reason(message: pb.GenerateResponse | pb.PrefillResponse,
+                    reason: int | str | None) -> None:
     if isinstance(reason, str):
         message.stop_string = reason
     elif reason is not None:
@@ -100,9 +108,10 @@ def prefill_to_proto(out: RequestOutput, kv_handle: pb.KVHandle | None) -> pb.Pr
 
 
 def output_to_proto(out: RequestOutput, kv_source: str) -> pb.GenerateResponse:
-    message = pb.GenerateResponse(
-        token_ids=out.new_token_ids, text=out.new_text, finished=out.finished, finish_reason=out.finish_reason or "",
-        num_prompt_tokens=len(out.prompt_token_ids), num_cached_tokens=out.num_cached_tokens, kv_source=kv_source)
+    message = pb.GenerateResponse(token_ids=out.new_token_ids, text=out.new_text,
+                                  finished=out.finished, finish_reason=out.finish_reason or "",
+                                  num_prompt_tokens=len(out.prompt_token_ids),
+                                  num_cached_tokens=out.num_cached_tokens, kv_source=kv_source)
     if out.new_logprobs:
         message.logprobs.extend(logprob_to_proto(lp) for lp in out.new_logprobs)
     if out.prompt_logprobs is not None:

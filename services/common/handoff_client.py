@@ -1,5 +1,6 @@
-"""The caller's side of serving one request on workers: local (one worker computes everything) or disaggregated
-(Prefill on one worker, then Generate with the KV handle on another). The gateway orchestrates with this."""
+"""The caller's side of serving one request on workers: local (one worker computes everything) or
+disaggregated (Prefill on one worker, then Generate with the KV handle on another). The gateway
+orchestrates with this."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
@@ -8,15 +9,17 @@ from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
 
 
-async def stream_tokens(decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
-                        meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
-                        metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[pb.GenerateResponse]:
-    """Yields the request's GenerateResponse messages, the first token included, whichever way it runs.
-    gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message."""
+async def stream_tokens(
+    decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
+    meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
+    metadata: Sequence[tuple[str, str]] = ()
+) -> AsyncIterator[pb.GenerateResponse]:
+    """Yields the request's GenerateResponse messages, the first token included, whichever way it
+    runs. gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message."""
     request = pb.GenerateRequest(meta=meta, prompt_token_ids=prompt, params=params)
     if prefill is not None:
-        done = await prefill.Prefill(pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params),
-                                     metadata=metadata)
+        done = await prefill.Prefill(
+            pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params), metadata=metadata)
         if done.finish_reason:
             yield _finished_at_prefill(done, len(prompt))
             return
@@ -29,17 +32,20 @@ async def stream_tokens(decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_
     call = decode.Generate(request, metadata=metadata)
     try:
         async for message in call:
-            if prefill is not None and done.prompt_logprobs:  # they travel on the stream's first message
+            # they travel on the stream's first message
+            if prefill is not None and done.prompt_logprobs:
                 message.prompt_logprobs.extend(done.prompt_logprobs)
                 del done.prompt_logprobs[:]
             yield message
     finally:
-        call.cancel()  # a caller that stops reading (a client gone) aborts the request on the worker
+        # a caller that stops reading (a client gone) aborts the request on the worker
+        call.cancel()
 
 
 def _finished_at_prefill(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb.GenerateResponse:
     message = pb.GenerateResponse(token_ids=[done.first_token_id], text=done.text, finished=True,
-                                  finish_reason=done.finish_reason, num_prompt_tokens=num_prompt_tokens,
+                                  finish_reason=done.finish_reason,
+                                  num_prompt_tokens=num_prompt_tokens,
                                   num_cached_tokens=done.num_cached_tokens, kv_source="local")
     if done.HasField("first_logprob"):
         message.logprobs.append(done.first_logprob)

@@ -1,9 +1,9 @@
-"""A tiny HTTP server for a process's /metrics, /health (alive) and /ready (taking new work), for Prometheus and
-Kubernetes probes; gRPC-only services (worker, router) run it beside their gRPC port.
+"""A tiny HTTP server for a process's /metrics, /health (alive) and /ready (taking new work), for
+Prometheus and Kubernetes probes; gRPC-only services (worker, router) run it beside their gRPC port.
 
-A service may add a few JSON routes for cluster tooling (the router's /stats and /admin/drain for the operator):
-a GET route is called with no argument, a POST route with the parsed JSON body; each returns a JSON-able value.
-A handler that raises ValueError answers 400 with its message."""
+A service may add a few JSON routes for cluster tooling (the router's /stats and /admin/drain for
+the operator): a GET route is called with no argument, a POST route with the parsed JSON body; each
+returns a JSON-able value. A handler that raises ValueError answers 400 with its message."""
 from __future__ import annotations
 
 import json
@@ -18,11 +18,12 @@ JSON_TYPE = "application/json"
 MAX_BODY_BYTES = 1 << 20  # admin requests are a few ids; a larger body is a mistake or an attack
 
 
-def serve_probes(host: str, port: int, registry: CollectorRegistry, ready: Callable[[], bool],
-                 get_routes: Mapping[str, Callable[[], Any]] | None = None,
-                 post_routes: Mapping[str, Callable[[Any], Any]] | None = None) -> ThreadingHTTPServer:
-    """Starts the server on a daemon thread and returns it (its server_address holds the bound port). Routes run
-    on the server's threads, so what they call must be thread-safe."""
+def serve_probes(
+        host: str, port: int, registry: CollectorRegistry, ready: Callable[[], bool],
+        get_routes: Mapping[str, Callable[[], Any]] | None = None,
+        post_routes: Mapping[str, Callable[[Any], Any]] | None = None) -> ThreadingHTTPServer:
+    """Starts the server on a daemon thread and returns it (its server_address holds the bound
+    port). Routes run on the server's threads, so what they call must be thread-safe."""
     gets, posts = dict(get_routes or {}), dict(post_routes or {})
 
     class Handler(BaseHTTPRequestHandler):
@@ -45,7 +46,8 @@ def serve_probes(host: str, port: int, registry: CollectorRegistry, ready: Calla
             route = posts.get(path)
             if route is None:
                 known = path in gets or path in ("/metrics", "/health", "/ready")
-                self._send(405 if known else 404, b"method not allowed\n" if known else b"not found\n")
+                self._send(405 if known else 404,
+                           b"method not allowed\n" if known else b"not found\n")
                 return
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
@@ -66,14 +68,16 @@ def serve_probes(host: str, port: int, registry: CollectorRegistry, ready: Calla
                 return
             self._send(200, json.dumps(result).encode(), JSON_TYPE)
 
-        def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        def _send(self, status: int, body: bytes,
+                  content_type: str = "text/plain; charset=utf-8") -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # scrapes every few seconds are not news
+        # scrapes every few seconds are not news
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer((host, port), Handler)

@@ -1,5 +1,6 @@
-"""What a Hugging Face checkpoint's config.json says about serving it: whether Baton runs its architecture and how
-long a context it serves. Torch-free, so the gateway reads it without loading the engine."""
+"""What a Hugging Face checkpoint's config.json says about serving it: whether Baton runs its
+architecture and how long a context it serves. Torch-free, so the gateway reads it without loading
+the engine."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,8 @@ from transformers import AutoConfig, PretrainedConfig
 log = logging.getLogger(__name__)
 
 # The architectures the engine's models implement (engine/models/loader.py maps each to its class).
-ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 
 
 def load_config(model_dir: str | Path) -> PretrainedConfig:
@@ -26,7 +28,8 @@ def head_dim(config: PretrainedConfig) -> int:
 
 
 def sliding_window(config: PretrainedConfig) -> int | None:
-    """The attention window a checkpoint needs, if any (Mistral v0.1; Qwen2 only with use_sliding_window)."""
+    """The attention window a checkpoint needs, if any (Mistral v0.1; Qwen2 only with
+    use_sliding_window)."""
     window = getattr(config, "sliding_window", None)
     if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
         return None
@@ -34,13 +37,16 @@ def sliding_window(config: PretrainedConfig) -> int | None:
 
 
 def context_length(config: PretrainedConfig, cap: int | None = None) -> int:
-    """The longest sequence served: the model's positions, at most its attention window (windowed attention is
-    not implemented, so longer would be wrong), at most `cap`. Raises ValueError when cap exceeds the model's."""
+    """The longest sequence served: the model's positions, at most its attention window (windowed
+    attention is not implemented, so longer would be wrong), at most `cap`. Raises ValueError when
+    cap exceeds the model's."""
     limit = config.max_position_embeddings
     window = sliding_window(config)
     if window is not None and window < limit:
-        log.warning("capping context at the sliding window (%d tokens): windowed attention is not implemented",
-                    window)
+        log.warning(
+            "capping context at the sliding window (%d tokens): windowed attention is not "
+            "implemented",
+            window)
         limit = window
     if cap is not None:
         if cap > limit:

@@ -2,9 +2,9 @@
 
 The response bodies are openai_render's.
 
-Shared by `baton run-batch` and the HTTP gateway. Defaults and meanings follow vLLM's OpenAI server. A field
-Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks for something must
-learn it did not get it.
+Shared by `baton run-batch` and the HTTP gateway. Defaults and meanings follow vLLM's OpenAI server.
+A field Baton cannot honour is refused with a 400 that names it, never dropped: a client that asks
+for something must learn it did not get it.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from baton.services.common.structured_request import (ResponseFormat, Structured
                                                       structured_output_of)
 from baton.services.common.tool_parsers import (FirstCallOnly, JsonArrayParser, NamedFunctionParser,
                                                ToolParser)
-from baton.services.common.tools import NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output, tools_problem
+from baton.services.common.tools import (NamedToolChoice, Tool, ToolCall, ToolChoice, forced_output,
+                                         tools_problem)
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 # vLLM's completions default (OpenAI's too); chat fills the context instead.
@@ -39,11 +40,16 @@ class ProtocolError(ValueError):
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message, "type": kind, "param": self.param, "code": self.code
+            }
+        }
 
 
 def _off(*values: Any) -> Callable[[Any, dict], bool]:
-    """Accepts an unsupported field only at a value that asks for nothing (as clients often send defaults)."""
+    """Accepts an unsupported field only at a value that asks for nothing (as clients often send
+    defaults)."""
     return lambda value, body: value in values
 
 
@@ -60,11 +66,22 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any, dict], bool]] = {
 }
 _UNSUPPORTED_COMPLETION = {**_UNSUPPORTED_COMMON, "suffix": _off(""), "prompt_embeds": _off()}
 _UNSUPPORTED_CHAT = {
-    **_UNSUPPORTED_COMMON, "echo": _off(False), "functions": _off([]), "function_call": _off("none"),
-    "audio": _off(), "modalities": _off(["text"]), "prediction": _off(), "web_search_options": _off(),
-    "reasoning_effort": _off(), "include_reasoning": _off(),
-    "chat_template": _off(), "chat_template_kwargs": _off({}), "documents": _off(), "mm_processor_kwargs": _off(),
-    "continue_final_message": _off(False), "add_generation_prompt": _off(True),
+    **_UNSUPPORTED_COMMON,
+    "echo": _off(False),
+    "functions": _off([]),
+    "function_call": _off("none"),
+    "audio": _off(),
+    "modalities": _off(["text"]),
+    "prediction": _off(),
+    "web_search_options": _off(),
+    "reasoning_effort": _off(),
+    "include_reasoning": _off(),
+    "chat_template": _off(),
+    "chat_template_kwargs": _off({}),
+    "documents": _off(),
+    "mm_processor_kwargs": _off(),
+    "continue_final_message": _off(False),
+    "add_generation_prompt": _off(True),
 }
 
 
@@ -109,7 +126,8 @@ class _Request(BaseModel):
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
     logit_bias: dict[str, float] | None = None
-    prompt_logprobs: int | None = Field(None, ge=0)  # vLLM's extra: score the prompt, with this many top-k
+    # vLLM's extra: score the prompt, with this many top-k
+    prompt_logprobs: int | None = Field(None, ge=0)
 
     @classmethod
     def parse(cls, body: Any) -> _Request:
@@ -123,9 +141,11 @@ class _Request(BaseModel):
             if accept is None:
                 raise ProtocolError(f"unknown field `{key}`", param=key, code="unknown_parameter")
             if not accept(body[key], body):
-                shown = repr(body[key]) if len(repr(body[key])) <= 40 else repr(body[key])[:37] + "..."
-                raise ProtocolError(f"`{key}` is not supported by this server (got {shown}); omit it",
-                                    param=key, code="unsupported_parameter")
+                shown = repr(body[key]) if len(repr(
+                    body[key])) <= 40 else repr(body[key])[:37] + "..."
+                raise ProtocolError(
+                    f"`{key}` is not supported by this server (got {shown}); omit it", param=key,
+                    code="unsupported_parameter")
             del body[key]
         try:
             request = cls.model_validate(body)
@@ -136,9 +156,12 @@ class _Request(BaseModel):
 
     def _check(self) -> None:
         if self.stream_options is not None and not self.stream:
-            raise ProtocolError("stream_options can only be set when stream is true", param="stream_options")
-        if self.prompt_logprobs is not None and self.stream:  # as vLLM: streamed chunks have no place for them
-            raise ProtocolError("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+            raise ProtocolError("stream_options can only be set when stream is true",
+                                param="stream_options")
+        # as vLLM: streamed chunks have no place for them
+        if self.prompt_logprobs is not None and self.stream:
+            raise ProtocolError("prompt_logprobs are not available when stream is true",
+                                param="prompt_logprobs")
 
     def requested_max_tokens(self) -> tuple[str, int | None]:
         """The field that limits the output, and its value (None: fill the context)."""
@@ -159,14 +182,17 @@ class _Request(BaseModel):
 
 
 def _one_prompt(value: Any) -> Any:
-    """One prompt: a string or token ids, possibly wrapped in a list of one (vLLM's batched form)."""
+    """One prompt: a string or token ids, possibly wrapped in a list of one (vLLM's batched
+    form)."""
     if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
         if len(value) > 1:
-            raise ValueError(f"a list of {len(value)} prompts is not supported; send one prompt per request")
+            raise ValueError(
+                f"a list of {len(value)} prompts is not supported; send one prompt per request")
         value = value[0]
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if isinstance(value, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     raise ValueError("must be a string or a list of token ids")
 
@@ -183,7 +209,8 @@ class CompletionRequest(_Request):
     def _check(self) -> None:
         super()._check()
         if self.max_tokens == 0 and not self.echo:
-            raise ProtocolError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
+            raise ProtocolError("max_tokens must be at least 1 (0 is allowed only with echo)",
+                                param="max_tokens")
 
     def prompt_logprobs_k(self) -> int | None:
         # echo with logprobs lists the prompt's tokens first, with the same top-k as the answer's.
@@ -206,7 +233,8 @@ class CompletionRequest(_Request):
         return tokenizer.encode(self.prompt, add_special_tokens=self.add_special_tokens)
 
     def logprobs_k(self) -> tuple[str, int | None]:
-        """The field that asks for logprobs, and how many top alternatives per token (None: no logprobs)."""
+        """The field that asks for logprobs, and how many top alternatives per token (None: no
+        logprobs)."""
         return "logprobs", self.logprobs
 
 class ChatMessage(BaseModel):
@@ -224,7 +252,8 @@ class ChatMessage(BaseModel):
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         if self.content is None and not self.tool_calls:
-            raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
+            raise ValueError(
+                "content is required (it may be null only in an assistant message with tool_calls)")
         return self
 
     def for_template(self) -> dict[str, Any]:
@@ -241,7 +270,8 @@ class ChatMessage(BaseModel):
             return value
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+            if kind != "text" or not isinstance(part.get("text"),
+                                                str) or set(part) - {"type", "text"}:
                 raise ValueError(f"content part of type {kind!r} is not supported; only "
                                  '{"type": "text", "text": ...} parts are')
         # vLLM's rendering for templates that take string content, which every template accepts.
@@ -259,7 +289,8 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
-    # The template adds BOS and friends itself; adding them again would double them (vLLM's default).
+    # The template adds BOS and friends itself; adding them again would double them (vLLM's
+    # default).
     add_special_tokens: bool = False
 
     @field_validator("tool_choice", mode="before")
@@ -267,7 +298,8 @@ class ChatCompletionRequest(_Request):
     def _tool_choice_form(cls, value: Any) -> Any:
         # Checked here so the error names the field, not a member of the union.
         if isinstance(value, str) and value not in ("none", "auto", "required"):
-            raise ValueError(f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
+            raise ValueError(
+                f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
         return value
 
     def _check(self) -> None:
@@ -280,15 +312,18 @@ class ChatCompletionRequest(_Request):
 
     def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
         if tokenizer.chat_template is None:
-            raise ProtocolError("this model has no chat template; use /v1/completions", param="messages")
+            raise ProtocolError("this model has no chat template; use /v1/completions",
+                                param="messages")
         messages = [m.for_template() for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         try:
-            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        # Templates reject what they cannot render, e.g. roles that do not alternate; some fail on a null content
-        # (an assistant message that only calls tools) with a TypeError.
+            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                 tokenize=False)
+        # Templates reject what they cannot render, e.g. roles that do not alternate; some fail on a
+        # null content (an assistant message that only calls tools) with a TypeError.
         except (TemplateError, TypeError) as e:
-            raise ProtocolError(f"messages: the chat template refused them: {e}", param="messages") from None
+            raise ProtocolError(f"messages: the chat template refused them: {e}",
+                                param="messages") from None
         return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
 
     def requested_max_tokens(self) -> tuple[str, int | None]:
@@ -303,14 +338,15 @@ class ChatCompletionRequest(_Request):
         return forced_output(self.tools or [], self.tool_choice, self.parallel_tool_calls)
 
     def tool_parser(self, auto: ToolParser | None) -> ToolParser | None:
-        """How the output becomes tool calls: a forced choice's constrained shape, the model family's format
-        (`auto`) for an auto choice; None when it is plain content."""
+        """How the output becomes tool calls: a forced choice's constrained shape, the model
+        family's format (`auto`) for an auto choice; None when it is plain content."""
         if not self.tools or self.tool_choice == "none":
             return None
         if isinstance(self.tool_choice, NamedToolChoice):
             return NamedFunctionParser(self.tool_choice.function.name)
         if self.tool_choice == "required":
-            return JsonArrayParser()  # its grammar already allows one call only, without parallel calls
+            # its grammar already allows one call only, without parallel calls
+            return JsonArrayParser()
         return auto if auto is None or self.parallel_tool_calls else FirstCallOnly(auto)
 
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
@@ -322,14 +358,15 @@ def parse_request(url: str, body: Any) -> OpenAIRequest:
     """The request model for an endpoint path, validated; raises ProtocolError."""
     cls = ENDPOINTS.get(url)
     if cls is None:
-        raise ProtocolError(f"unsupported url {url!r}; expected one of {sorted(ENDPOINTS)}", param="url",
-                            code="invalid_url")
+        raise ProtocolError(f"unsupported url {url!r}; expected one of {sorted(ENDPOINTS)}",
+                            param="url", code="invalid_url")
     return cls.parse(body)
 
 
 def _from_validation_error(error: ValidationError) -> ProtocolError:
     first = error.errors()[0]
-    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".") or None
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                    for p in first["loc"]).lstrip(".") or None
     if first["type"] == "extra_forbidden":
         message = f"unknown or unsupported field `{param}`"
     else:
@@ -340,7 +377,8 @@ def _from_validation_error(error: ValidationError) -> ProtocolError:
 
 @dataclass
 class EngineInput:
-    """What the engine needs for one API request: the i-th of its n samples runs params.for_choice(i)."""
+    """What the engine needs for one API request: the i-th of its n samples runs
+    params.for_choice(i)."""
     prompt_token_ids: list[int]
     params: SamplingParams
     n: int
@@ -350,7 +388,8 @@ class EngineInput:
 
 def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, max_model_len: int,
                     max_logprobs: int = 20, vocab_size: int | None = None) -> EngineInput:
-    """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or oversized input.
+    """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or
+    oversized input.
     vocab_size: the model's, which logit_bias ids must fall in (None: the engine checks them)."""
     prompt = request.prompt_token_ids(tokenizer)
     if not prompt:
@@ -360,19 +399,25 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
     except ValueError as e:
         raise ProtocolError(str(e), param="logit_bias") from None
     max_tokens = _max_tokens(request, len(prompt), max_model_len)
-    if request.scores_only:  # one token still runs, which is what scores the prompt; the answer drops it
+    # one token still runs, which is what scores the prompt; the answer drops it
+    if request.scores_only:
         max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     structured_field, structured = _structured_output(request)
     derived = dict(max_tokens=max_tokens, logprobs=logprobs, logit_bias=logit_bias,
                    prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
-    # Every other sampling parameter is a request field of the same name and meaning, copied as sent.
-    params = SamplingParams(**derived, **{f.name: getattr(request, f.name) for f in fields(SamplingParams)
-                                          if f.name not in derived})
+    # Every other sampling parameter is a request field of the same name and meaning, copied as
+    # sent.
+    params = SamplingParams(
+        **derived, **{
+            f.name: getattr(request, f.name)
+            for f in fields(SamplingParams) if f.name not in derived
+        })
     try:
         params.validate(max_logprobs)
     except ValueError as e:
-        # validate() starts its message with the SamplingParams field; report the API field it came from.
+        # validate() starts its message with the SamplingParams field; report the API field it came
+        # from.
         field, _, detail = str(e).partition(" ")
         param = {"logprobs": logprobs_field, "max_tokens": request.requested_max_tokens()[0],
                  "structured_output": structured_field}.get(field, field)
@@ -381,8 +426,8 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
 
 
 def _structured_output(request: OpenAIRequest) -> tuple[str | None, StructuredOutput | None]:
-    """The field that constrains the output and its constraint: a structured-output field or a forced tool
-    choice, never both (which one should win is not for the server to guess)."""
+    """The field that constrains the output and its constraint: a structured-output field or a
+    forced tool choice, never both (which one should win is not for the server to guess)."""
     try:
         field, structured = structured_output_of(request)
     except ValueError as e:
@@ -391,14 +436,16 @@ def _structured_output(request: OpenAIRequest) -> tuple[str | None, StructuredOu
     if forced is None:
         return field, structured
     if structured is not None:
-        raise ProtocolError(f"tool_choice: a forced tool call cannot be combined with {field}", param="tool_choice")
+        raise ProtocolError(f"tool_choice: a forced tool call cannot be combined with {field}",
+                            param="tool_choice")
     return "tool_choice", forced
 
 
 def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> int:
     if prompt_len >= max_model_len:
         raise ProtocolError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"This model's maximum context length is {max_model_len} tokens. However, your request "
+            "has "
             f"{prompt_len} input tokens. Please reduce the length of the input.",
             param=request.PROMPT_FIELD, code="context_length_exceeded")
     field, requested = request.requested_max_tokens()
@@ -406,10 +453,12 @@ def _max_tokens(request: OpenAIRequest, prompt_len: int, max_model_len: int) -> 
         return max_model_len - prompt_len
     if prompt_len + requested > max_model_len:
         raise ProtocolError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt_len + requested} tokens ({prompt_len} in the input, {requested} in the completion). "
-            f"Please reduce the length of the input or of the completion.",
-            param=field, code="context_length_exceeded")
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            "requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the input, {requested} in the "
+            "completion). "
+            f"Please reduce the length of the input or of the completion.", param=field,
+            code="context_length_exceeded")
     return requested
 
 

@@ -1,8 +1,9 @@
 """What the engine hands back per request and step.
 
-A streaming consumer reads the deltas (new_token_ids, new_logprobs, new_text). The histories (token_ids,
-logprobs, text) are read from the request's own growing state only when asked for, so a step costs the same
-whatever the request's length: nothing is copied per token. Both are exact snapshots as of the step.
+A streaming consumer reads the deltas (new_token_ids, new_logprobs, new_text). The histories
+(token_ids, logprobs, text) are read from the request's own growing state only when asked for, so a
+step costs the same whatever the request's length: nothing is copied per token. Both are exact
+snapshots as of the step.
 """
 from __future__ import annotations
 
@@ -21,19 +22,22 @@ class TokenLogprobs:
 
 
 class _Snapshot:
-    """A prefix of a history that only grows (or, for text, only loses what was never released): kept as the
-    live object and a length, materialized on first read."""
+    """A prefix of a history that only grows (or, for text, only loses what was never released):
+    kept as the live object and a length, materialized on first read."""
 
     def __init__(self, read: Callable[[], Any]) -> None:
         self._read = read
 
 
 class RequestOutput:
-    def __init__(self, request_id: str, prompt_token_ids: list[int], token_ids: list[int] | _Snapshot,
-                 text: str | _Snapshot, num_new_tokens: int, new_text: str, finished: bool = False,
-                 finish_reason: str | None = None, stop_reason: int | str | None = None,
-                 logprobs: list[TokenLogprobs] | _Snapshot | None = None, num_cached_tokens: int = 0,
-                 new_token_ids: list[int] | None = None, new_logprobs: list[TokenLogprobs] | None = None,
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 token_ids: list[int] | _Snapshot, text: str | _Snapshot, num_new_tokens: int,
+                 new_text: str, finished: bool = False, finish_reason: str | None = None,
+                 stop_reason: int | str | None = None,
+                 logprobs: list[TokenLogprobs] | _Snapshot | None = None,
+                 num_cached_tokens: int = 0, new_token_ids: list[int] | None = None,
+                 new_logprobs: list[TokenLogprobs] | None = None,
                  prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -43,8 +47,8 @@ class RequestOutput:
         self.finish_reason = finish_reason  # "stop" | "length" | "abort"
         self.stop_reason = stop_reason  # the stop token id or stop string that ended it
         self.num_cached_tokens = num_cached_tokens  # prompt tokens served from the prefix cache
-        # Asked-for prompt logprobs, one per prompt token (the first has none); carried once, by the first output
-        # after the whole prompt ran.
+        # Asked-for prompt logprobs, one per prompt token (the first has none); carried once, by the
+        # first output after the whole prompt ran.
         self.prompt_logprobs = prompt_logprobs
         self._token_ids, self._text, self._logprobs = token_ids, text, logprobs
         if new_token_ids is None:
@@ -79,5 +83,8 @@ class RequestOutput:
         return self._logprobs
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(request_id={self.request_id!r}, new_token_ids={self.new_token_ids}, "
-                f"new_text={self.new_text!r}, finished={self.finished}, finish_reason={self.finish_reason!r})")
+        return (
+            f"RequestOutput(request_id={self.request_id!r}, new_token_ids={self.new_token_ids}, "
+            f"new_text={self.new_text!r}, finished={self.finished}, "
+            f"finish_reason={self.finish_reason!r})"
+        )

@@ -1,5 +1,5 @@
-"""Starting Baton services as child processes and waiting for their ready line (used by `baton serve`, the
-benchmarks and the tests, which all run real processes on loopback)."""
+"""Starting Baton services as child processes and waiting for their ready line (used by `baton
+serve`, the benchmarks and the tests, which all run real processes on loopback)."""
 from __future__ import annotations
 
 import os
@@ -25,8 +25,8 @@ class ServiceProcess:
     ready: threading.Event = field(default_factory=threading.Event)
 
     def wait_ready(self, timeout: float = 120.0) -> "ServiceProcess":
-        """Returns once the ready line was printed; raises RuntimeError with the output if the process exits or
-        stays silent first."""
+        """Returns once the ready line was printed; raises RuntimeError with the output if the
+        process exits or stays silent first."""
         deadline = time.monotonic() + timeout
         while not self.ready.wait(0.1):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -53,9 +53,11 @@ class ServiceProcess:
 
 
 def launch_service(name: str, args: list[str], env: dict[str, str] | None = None) -> ServiceProcess:
-    """Starts `baton ARGS...` without waiting, so several services can start side by side; see wait_ready."""
-    process = subprocess.Popen([sys.executable, "-m", "baton.services.cli.main", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    """Starts `baton ARGS...` without waiting, so several services can start side by side; see
+    wait_ready."""
+    process = subprocess.Popen([sys.executable, "-m", "baton.services.cli.main", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **(env or {})})
     service = ServiceProcess(name, process)
 
     def pump() -> None:

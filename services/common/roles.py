@@ -1,9 +1,9 @@
 """A worker's role: which phases of a request it serves. The one definition every process uses.
 
-Numbered as the wire enums (baton.v1.Role in worker.proto, baton.v1.WorkerRole in router.proto, kept apart so the
-two contracts version independently), so a proto value converts with Role(value); named in lower case
-(`Role.PREFILL.label == "prefill"`) as configuration, the CLI, the operator's CRD and the stats JSON spell it.
-tests/proto/test_roles.py holds the three in step.
+Numbered as the wire enums (baton.v1.Role in worker.proto, baton.v1.WorkerRole in router.proto, kept
+apart so the two contracts version independently), so a proto value converts with Role(value); named
+in lower case (`Role.PREFILL.label == "prefill"`) as configuration, the CLI, the operator's CRD and
+the stats JSON spell it. tests/proto/test_roles.py holds the three in step.
 """
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ class Role(enum.IntEnum):
         try:
             return cls[label.upper()]
         except KeyError:
-            raise ValueError(f"role must be one of {', '.join(ROLE_NAMES)}; got {label!r}") from None
+            raise ValueError(
+                f"role must be one of {', '.join(ROLE_NAMES)}; got {label!r}") from None
 
     def serves(self, phase: Role) -> bool:
-        """Whether a worker in this role runs `phase` (PREFILL or DECODE): mixed workers run both."""
+        """Whether a worker in this role runs `phase` (PREFILL or DECODE): mixed workers run
+        both."""
         return self is Role.MIXED or self is phase
 
 

@@ -13,9 +13,9 @@ GREEDY_EPSILON = 1e-5
 class StructuredOutput:
     """A constraint on the whole output, enforced token by token by the grammar engine (llguidance).
 
-    kind: "json_object" (value ""), "json_schema" (the schema as a JSON string), "regex", "choice" (a JSON list
-    of strings) or "grammar" (an llguidance Lark grammar, which may embed %json{...}). Hashable: the compiled
-    grammar cache is keyed by it."""
+    kind: "json_object" (value ""), "json_schema" (the schema as a JSON string), "regex", "choice"
+    (a JSON list of strings) or "grammar" (an llguidance Lark grammar, which may embed %json{...}).
+    Hashable: the compiled grammar cache is keyed by it."""
     kind: str
     value: str = ""
 
@@ -36,11 +36,13 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
-    logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
+    # top-k logprobs per generated token (the chosen token is always included)
+    logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_output: StructuredOutput | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
-    prompt_logprobs: int | None = None  # logprob of every prompt token given its prefix, plus the top-k
+    # logprob of every prompt token given its prefix, plus the top-k
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,13 +54,16 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or
+                self.presence_penalty != 0.0)
 
     def validate(self, max_logprobs: int = 20) -> None:
-        """Raises ValueError naming the offending field; callers map it to HTTP 400 / INVALID_ARGUMENT."""
+        """Raises ValueError naming the offending field; callers map it to HTTP 400 /
+        INVALID_ARGUMENT."""
         checks = [
             (self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}"),
-            (0.0 <= self.temperature <= 100.0, "temperature", f"must be in [0, 100], got {self.temperature}"),
+            (0.0 <= self.temperature <= 100.0, "temperature",
+             f"must be in [0, 100], got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}"),
             (self.top_k >= -1, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}"),
@@ -72,13 +77,14 @@ class SamplingParams:
              f"must be in [0, max_tokens], got {self.min_tokens}"),
             (self.logprobs is None or 0 <= self.logprobs <= max_logprobs, "logprobs",
              f"must be in [0, {max_logprobs}], got {self.logprobs}"),
-            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= max_logprobs, "prompt_logprobs",
-             f"must be in [0, {max_logprobs}], got {self.prompt_logprobs}"),
-            (all(t >= 0 and -100.0 <= b <= 100.0 for t, b in (self.logit_bias or {}).items()), "logit_bias",
-             "token ids must be non-negative and biases in [-100, 100]"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-             "must be non-negative token ids"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= max_logprobs,
+             "prompt_logprobs", f"must be in [0, {max_logprobs}], got {self.prompt_logprobs}"),
+            (all(t >= 0 and -100.0 <= b <= 100.0 for t, b in (self.logit_bias or {}).items()),
+             "logit_bias", "token ids must be non-negative and biases in [-100, 100]"),
+            (all(isinstance(s, str) and s
+                 for s in self.stop), "stop", "stop strings must be non-empty strings"),
+            (all(isinstance(t, int) and t >= 0
+                 for t in self.stop_token_ids), "stop_token_ids", "must be non-negative token ids"),
         ]
         for ok, name, message in checks:
             if not ok:
@@ -87,5 +93,6 @@ class SamplingParams:
             check_structured(self.structured_output.kind, self.structured_output.value)
 
     def for_choice(self, index: int) -> "SamplingParams":
-        """Parameters of the index-th of n parallel samples: seeds are offset so choices differ but reproduce."""
+        """Parameters of the index-th of n parallel samples: seeds are offset so choices differ but
+        reproduce."""
         return replace(self, seed=None if self.seed is None else self.seed + index)

@@ -1,6 +1,7 @@
 """One typed settings class per service; every field is also a `BATON_*` variable and a `--flag`.
 
-Precedence: command-line flag > environment variable > default. Each field's `description` is its only
+Precedence: command-line flag > environment variable > default. Each field's `description` is its
+only
 documentation: it feeds `--help` and docs/configuration.md.
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _scalar_type(annotation: Any) -> Any:
 
 def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[BatonSettings],
                            exclude: tuple[str, ...] = ()) -> None:
-    group = parser.add_argument_group(f"{settings_cls.__name__} (each also readable from BATON_<NAME>)")
+    group = parser.add_argument_group(
+        f"{settings_cls.__name__} (each also readable from BATON_<NAME>)")
     for name, field in settings_cls.model_fields.items():
         if name in exclude:
             continue
@@ -52,13 +54,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
         # A list of scalars takes several words; a list of records (router scorers) is one
         # string its field validator parses.
         is_list = typing.get_origin(kind) is list and typing.get_args(kind)[0] in (str, int, float)
-        group.add_argument(_flag(name), dest=name, default=argparse.SUPPRESS, help=help_text, choices=choices,
-                           nargs="+" if is_list else None,
-                           type=typing.get_args(kind)[0] if is_list else kind if kind in (int, float) else str)
+        group.add_argument(
+            _flag(name), dest=name, default=argparse.SUPPRESS, help=help_text, choices=choices,
+            nargs="+" if is_list else None,
+            type=typing.get_args(kind)[0] if is_list else kind if kind in (int, float) else str)
 
 
 def settings_from_args(settings_cls: type[S], args: argparse.Namespace, **overrides: Any) -> S:
-    """Only flags the user actually gave override the environment (argparse.SUPPRESS keeps the rest out)."""
+    """Only flags the user actually gave override the environment (argparse.SUPPRESS keeps the rest
+    out)."""
     given = {k: v for k, v in vars(args).items() if k in settings_cls.model_fields}
     given.update(overrides)
     return settings_cls(**given)

@@ -1,8 +1,11 @@
-"""The OpenAI and vLLM ways to ask for structured output, turned into the engine's one StructuredOutput.
+"""The OpenAI and vLLM ways to ask for structured output, turned into the engine's one
+StructuredOutput.
 
-OpenAI: `response_format` {"type": "text" | "json_object" | "json_schema", "json_schema": {name, schema, strict}}.
-vLLM: `structured_outputs` {json | regex | choice | grammar | json_object}, and the older `guided_json`,
-`guided_regex`, `guided_choice`, `guided_grammar`. A request may use one of them; grammars are llguidance Lark.
+OpenAI: `response_format` {"type": "text" | "json_object" | "json_schema", "json_schema": {name,
+schema, strict}}.
+vLLM: `structured_outputs` {json | regex | choice | grammar | json_object}, and the older
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`. A request may use one of them;
+grammars are llguidance Lark.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ class ResponseFormat(BaseModel):
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("json_schema is required when type is json_schema")
         if self.type != "json_schema" and self.json_schema is not None:
-            raise ValueError(f"json_schema is only allowed when type is json_schema, not {self.type}")
+            raise ValueError(
+                f"json_schema is only allowed when type is json_schema, not {self.type}")
         return self
 
 
@@ -55,7 +59,8 @@ class StructuredOutputsParams(BaseModel):
         given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
-            raise ValueError("exactly one of json, regex, choice, grammar or json_object must be set")
+            raise ValueError(
+                "exactly one of json, regex, choice, grammar or json_object must be set")
         return self
 
 
@@ -84,11 +89,14 @@ def _from_structured_outputs(so: StructuredOutputsParams) -> StructuredOutput:
 
 
 def structured_output_of(request: Any) -> tuple[str | None, StructuredOutput | None]:
-    """The request field that asks for structured output (None when none does) and the constraint it asks for.
+    """The request field that asks for structured output (None when none does) and the constraint it
+    asks for.
 
-    Raises ValueError when more than one field does: which should win is not for the server to guess."""
+    Raises ValueError when more than one field does: which should win is not for the server to
+    guess."""
     given = [f for f in FIELDS if getattr(request, f, None) is not None]
-    if isinstance(request.response_format, ResponseFormat) and request.response_format.type == "text":
+    if isinstance(request.response_format,
+                  ResponseFormat) and request.response_format.type == "text":
         given.remove("response_format")
     if len(given) > 1:
         raise ValueError(f"{given[1]}: only one of {', '.join(given)} may be set")

@@ -1,5 +1,6 @@
-"""From a structured-output request (kind, value) to an llguidance grammar, with the checks that turn a bad
-schema, regex or grammar into a ValueError (HTTP 400 / INVALID_ARGUMENT) before any worker sees it."""
+"""From a structured-output request (kind, value) to an llguidance grammar, with the checks that
+turn a bad schema, regex or grammar into a ValueError (HTTP 400 / INVALID_ARGUMENT) before any
+worker sees it."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from functools import lru_cache
 from llguidance import LLMatcher
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
-# Compact JSON (OpenAI's own output shape): with flexible whitespace a weak model can spend its whole budget on
-# blanks between tokens of an unfinished object.
+# Compact JSON (OpenAI's own output shape): with flexible whitespace a weak model can spend its
+# whole budget on blanks between tokens of an unfinished object.
 JSON_OPTIONS = {"whitespace_flexible": False}
 # What "any JSON object" means for json_object.
 ANY_OBJECT = '{"type": "object"}'
@@ -25,7 +26,8 @@ def _choice_grammar(value: str) -> str:
         choices = json.loads(value)
     except json.JSONDecodeError as e:
         raise ValueError(f"structured_output choice must be a JSON list of strings: {e}") from None
-    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+    if not isinstance(choices, list) or not choices or not all(
+            isinstance(c, str) and c for c in choices):
         raise ValueError("structured_output choice must be a non-empty list of non-empty strings")
     return LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_string(c) for c in choices))
 
@@ -42,7 +44,8 @@ def _schema_grammar(schema: str) -> str:
 
 @lru_cache(maxsize=256)
 def grammar_of(kind: str, value: str) -> str:
-    """The llguidance grammar (not yet checked) for one structured-output request; ValueError for bad input."""
+    """The llguidance grammar (not yet checked) for one structured-output request; ValueError for
+    bad input."""
     if kind == "json_object":
         return _schema_grammar(ANY_OBJECT)
     if kind == "json_schema":

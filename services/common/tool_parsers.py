@@ -1,12 +1,13 @@
-"""Tool calls read back from a model's text, one parser per output format behind one interface, and the OpenAI
-deltas a growing text streams as.
+"""Tool calls read back from a model's text, one parser per output format behind one interface, and
+the OpenAI deltas a growing text streams as.
 
 Formats: Hermes/Qwen `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; Llama 3.x JSON
-`{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`, several separated by `;`); and the two
-outputs a forced tool_choice is constrained to (a named function's bare arguments, `required`'s JSON array).
+`{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`, several separated by `;`);
+and the two outputs a forced tool_choice is constrained to (a named function's bare arguments,
+`required`'s JSON array).
 
-Every parser works on partial text as well: arguments are the raw JSON text written so far, so each snapshot
-extends the previous one and streaming sends only the new suffix.
+Every parser works on partial text as well: arguments are the raw JSON text written so far, so each
+snapshot extends the previous one and streaming sends only the new suffix.
 """
 from __future__ import annotations
 
@@ -43,13 +44,13 @@ class Parsed:
 
 class ToolParser(Protocol):
     def parse(self, text: str, final: bool) -> Parsed:
-        """Content and calls of `text`; `final` once the output is complete. A final parse that finds no valid call
-        returns the whole text as content."""
+        """Content and calls of `text`; `final` once the output is complete. A final parse that
+        finds no valid call returns the whole text as content."""
 
 
 def scan_object(text: str, start: int) -> tuple[dict[str, str], int | None]:
-    """Top-level fields of the JSON object opening at text[start] ("{"), possibly unfinished: key -> raw value
-    text so far; and the index after the object's end (None while it is open)."""
+    """Top-level fields of the JSON object opening at text[start] ("{"), possibly unfinished: key ->
+    raw value text so far; and the index after the object's end (None while it is open)."""
     fields: dict[str, str] = {}
     depth, in_string, escaped = 0, False, False
     key_start, key, value_start = start, None, None
@@ -101,7 +102,9 @@ def _call(fields: dict[str, str], argument_keys: tuple[str, ...]) -> PartialCall
 
 def _held_back(text: str, marker: str) -> int:
     """Length of the longest suffix of text that could be the start of marker."""
-    return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
+    return next(
+        (n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])),
+        0)
 
 
 def _finish(parsed: Parsed, text: str, final: bool) -> Parsed:
@@ -111,8 +114,8 @@ def _finish(parsed: Parsed, text: str, final: bool) -> Parsed:
 
 
 class HermesParser:
-    """Qwen 2.5/3, Hermes: content, then `<tool_call>{...}</tool_call>` blocks; text after the first call is
-    dropped, as vLLM's parser does."""
+    """Qwen 2.5/3, Hermes: content, then `<tool_call>{...}</tool_call>` blocks; text after the first
+    call is dropped, as vLLM's parser does."""
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
     def parse(self, text: str, final: bool) -> Parsed:
@@ -128,14 +131,16 @@ class HermesParser:
             segment = text[body:] if end < 0 else text[body:end]
             brace = segment.find("{")
             if brace >= 0 and not segment[:brace].strip():
-                parsed.calls.append(_call(scan_object(segment, brace)[0], ("arguments", "parameters")))
+                parsed.calls.append(
+                    _call(scan_object(segment, brace)[0], ("arguments", "parameters")))
             pos = -1 if end < 0 else text.find(self.OPEN, end)
         return _finish(parsed, text, final)
 
 
 class Llama3JsonParser:
-    """Llama 3.1-3.3: the whole output is the call(s), `{"name": ..., "parameters": {...}}`, possibly after
-    `<|python_tag|>` and separated by `;`. An output that does not start with `{` is content."""
+    """Llama 3.1-3.3: the whole output is the call(s), `{"name": ..., "parameters": {...}}`,
+    possibly after `<|python_tag|>` and separated by `;`. An output that does not start with `{` is
+    content."""
     TAG = "<|python_tag|>"
 
     def parse(self, text: str, final: bool) -> Parsed:
@@ -157,7 +162,8 @@ class Llama3JsonParser:
 
 
 class JsonArrayParser:
-    """`tool_choice: required`: the output is constrained to `[{"name": ..., "arguments": {...}}, ...]`."""
+    """`tool_choice: required`: the output is constrained to `[{"name": ..., "arguments": {...}},
+    ...]`."""
 
     def parse(self, text: str, final: bool) -> Parsed:
         parsed, pos = Parsed(""), text.find("[") + 1
@@ -183,7 +189,8 @@ class NamedFunctionParser:
 
 
 class FirstCallOnly:
-    """parallel_tool_calls false with an auto choice: a model that writes several calls gets its first."""
+    """parallel_tool_calls false with an auto choice: a model that writes several calls gets its
+    first."""
 
     def __init__(self, inner: ToolParser) -> None:
         self.inner = inner
@@ -196,9 +203,11 @@ class FirstCallOnly:
 PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
 
 
-def parser_for_model(setting: str, model_type: str, tokenizer: PreTrainedTokenizerBase) -> ToolParser | None:
-    """The parser for `auto` tool choice: `setting` names one ("hermes", "llama3_json"), or is "auto" (from the
-    chat template's call format, else the model family) or "none" (auto choices are never parsed as calls)."""
+def parser_for_model(setting: str, model_type: str,
+                     tokenizer: PreTrainedTokenizerBase) -> ToolParser | None:
+    """The parser for `auto` tool choice: `setting` names one ("hermes", "llama3_json"), or is
+    "auto" (from the chat template's call format, else the model family) or "none" (auto choices are
+    never parsed as calls)."""
     if setting in PARSERS:
         return PARSERS[setting]()
     if setting != "auto":
@@ -220,20 +229,22 @@ def new_call_id() -> str:
 
 
 def message_with_calls(text: str, parser: ToolParser | None) -> tuple[dict[str, Any], bool]:
-    """The assistant message of a finished output, and whether it called tools (content is then null unless the
-    model wrote text before its calls)."""
+    """The assistant message of a finished output, and whether it called tools (content is then null
+    unless the model wrote text before its calls)."""
     calls = parser.parse(text, final=True) if parser else Parsed(text)
     if not calls.valid_calls():
         return {"role": "assistant", "content": text}, False
-    tool_calls = [{"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                  for c in calls.valid_calls()]
+    tool_calls = [{
+        "id": new_call_id(), "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments}
+    } for c in calls.valid_calls()]
     return {"role": "assistant", "content": calls.content if calls.content.strip() else None,
             "tool_calls": tool_calls}, True
 
 
 class ToolCallStream:
-    """One choice's growing text as OpenAI chat deltas: content, then per call one delta with its id, type and
-    name, then fragments of its arguments."""
+    """One choice's growing text as OpenAI chat deltas: content, then per call one delta with its
+    id, type and name, then fragments of its arguments."""
 
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
@@ -246,14 +257,17 @@ class ToolCallStream:
         return bool(self.arguments_sent)
 
     def feed(self, text: str, final: bool) -> dict[str, Any]:
-        """The delta for `text` (appended to what came before): {"content": ...} and/or {"tool_calls": [...]}."""
+        """The delta for `text` (appended to what came before): {"content": ...} and/or
+        {"tool_calls": [...]}."""
         self.text += text
         parsed = self.parser.parse(self.text, final)
         delta: dict[str, Any] = {}
         if len(parsed.content) > self.content_sent:
             delta["content"] = parsed.content[self.content_sent:]
             self.content_sent = len(parsed.content)
-        calls = [d for i, call in enumerate(parsed.calls) if (d := self._call_delta(i, call)) is not None]
+        calls = [
+            d for i, call in enumerate(parsed.calls) if (d := self._call_delta(i, call)) is not None
+        ]
         if calls:
             delta["tool_calls"] = calls
         return delta

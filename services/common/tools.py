@@ -1,6 +1,7 @@
-"""OpenAI function tools on /v1/chat/completions: the request's `tools`, `tool_choice` and `parallel_tool_calls`,
-the assistant `tool_calls` and `tool` results in the history, and the grammar that enforces `required` and named
-choices (so forced arguments always parse and validate against the function's parameters schema)."""
+"""OpenAI function tools on /v1/chat/completions: the request's `tools`, `tool_choice` and
+`parallel_tool_calls`, the assistant `tool_calls` and `tool` results in the history, and the grammar
+that enforces `required` and named choices (so forced arguments always parse and validate against
+the function's parameters schema)."""
 from __future__ import annotations
 
 import json
@@ -30,14 +31,16 @@ class FunctionDefinition(BaseModel):
         """A JSON schema of an object, as OpenAI requires: arguments are a JSON object."""
         if schema is None:
             return None
-        if not isinstance(schema.get("$schema", ""), str):  # validator_for would fail on it with a TypeError
+        # validator_for would fail on it with a TypeError
+        if not isinstance(schema.get("$schema", ""), str):
             raise ValueError("is not a valid JSON schema: $schema must be a string")
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:
             raise ValueError(f"is not a valid JSON schema: {e.message}") from None
         if schema.get("type", "object") != "object":
-            raise ValueError(f"must describe an object (type \"object\"), not type {schema['type']!r}")
+            raise ValueError(
+                f"must describe an object (type \"object\"), not type {schema['type']!r}")
         return schema
 
     def schema(self) -> dict[str, Any]:
@@ -78,7 +81,8 @@ class ToolCall(BaseModel):
     function: CalledFunction
 
     def for_template(self) -> dict[str, Any]:
-        """Templates (Qwen's, Llama's) expect the arguments as a mapping, as transformers documents."""
+        """Templates (Qwen's, Llama's) expect the arguments as a mapping, as transformers
+        documents."""
         call = self.model_dump()
         try:
             call["function"]["arguments"] = json.loads(self.function.arguments)
@@ -88,30 +92,36 @@ class ToolCall(BaseModel):
 
 
 def tools_problem(tools: list[Tool] | None, choice: ToolChoice | None) -> tuple[str, str] | None:
-    """(field, message) when the tools or the tool_choice cannot be served: names must tell tools apart, and a
-    forced choice needs the tool it forces."""
+    """(field, message) when the tools or the tool_choice cannot be served: names must tell tools
+    apart, and a forced choice needs the tool it forces."""
     names = [t.function.name for t in tools or []]
     if len(set(names)) < len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
-        return "tools", f"tools: function names must be unique; `{duplicate}` is given more than once"
+        return ("tools",
+                f"tools: function names must be unique; `{duplicate}` is given more than once")
     if choice in (None, "none", "auto"):
         return None
     if not tools:
         return "tool_choice", "tool_choice requires tools; none were given"
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-        return "tool_choice", f"tool_choice names the function `{choice.function.name}`, which is not among the tools"
+        return (
+            "tool_choice",
+            f"tool_choice names the function `{choice.function.name}`, which is not among the tools"
+        )
     return None
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+            "propertyNames")
 
 
 def closed_schema(schema: Any) -> Any:
-    """The schema with `additionalProperties: false` wherever an object lists its properties and says nothing
-    about others, as vLLM's default grammar backend (xgrammar's strict mode) does: otherwise a forced call may
-    append made-up arguments, and a weak model never stops. Everything it accepts validates against the original."""
+    """The schema with `additionalProperties: false` wherever an object lists its properties and
+    says nothing about others, as vLLM's default grammar backend (xgrammar's strict mode) does:
+    otherwise a forced call may append made-up arguments, and a weak model never stops. Everything
+    it accepts validates against the original."""
     if not isinstance(schema, dict):
         return schema
     closed = dict(schema)
@@ -124,23 +134,28 @@ def closed_schema(schema: Any) -> Any:
     for key in _SCHEMAS:
         if key in closed:
             closed[key] = closed_schema(closed[key])
-    if "properties" in closed and "additionalProperties" not in closed and "patternProperties" not in closed:
+    if ("properties" in closed and "additionalProperties" not in closed and
+            "patternProperties" not in closed):
         closed["additionalProperties"] = False
     return closed
 
 
-def forced_output(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> StructuredOutput | None:
-    """The grammar for a forced choice: a named function's output is its arguments object; `required` makes a
-    JSON array of {"name", "arguments"} calls (exactly one when parallel calls are off), as in vLLM. Schemas are
-    closed (see closed_schema)."""
+def forced_output(tools: list[Tool], choice: ToolChoice | None,
+                  parallel: bool) -> StructuredOutput | None:
+    """The grammar for a forced choice: a named function's output is its arguments object;
+    `required` makes a JSON array of {"name", "arguments"} calls (exactly one when parallel calls
+    are off), as in vLLM. Schemas are closed (see closed_schema)."""
     if isinstance(choice, NamedToolChoice):
         function = next(t.function for t in tools if t.function.name == choice.function.name)
         return StructuredOutput("json_schema", json.dumps(closed_schema(function.schema())))
     if choice != "required":
         return None
-    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                               "arguments": closed_schema(t.function.schema())},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    calls = [{
+        "type": "object", "properties": {
+            "name": {"type": "string", "enum": [t.function.name]},
+            "arguments": closed_schema(t.function.schema())
+        }, "required": ["name", "arguments"], "additionalProperties": False
+    } for t in tools]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not parallel:
         schema["maxItems"] = 1

@@ -1,8 +1,8 @@
 """Attention over the paged KV cache for one step's packed batch.
 
-Tokens are packed prefill chunks first, then decode tokens (one per sequence). The torch path serves CPUs with
-PyTorch's SDPA; the Triton path calls baton.kernels. Both write this step's K/V into the cache first, so a
-chunk attends to its cached prefix and to itself the same way.
+Tokens are packed prefill chunks first, then decode tokens (one per sequence). The torch path serves
+CPUs with PyTorch's SDPA; the Triton path calls baton.kernels. Both write this step's K/V into the
+cache first, so a chunk attends to its cached prefix and to itself the same way.
 """
 from __future__ import annotations
 
@@ -34,15 +34,18 @@ class AttentionMetadata:
 
 
 class Attention:
-    """Shared by all layers; holds the whole cache, [layers, blocks, 2 (K, V), block_size, kv_heads, head_dim]."""
+    """Shared by all layers; holds the whole cache, [layers, blocks, 2 (K, V), block_size, kv_heads,
+    head_dim]."""
 
     def __init__(self, scale: float, backend: str, block_size: int) -> None:
-        self.kv_cache = torch.empty(0)  # allocated by the model runner once the weights are in place
+        # allocated by the model runner once the weights are in place
+        self.kv_cache = torch.empty(0)
         self.block_size = block_size
         self.scale = scale
         self.backend = backend
         if backend == "triton":
-            from baton.kernels import kv_cache_write, paged_decode_attention, paged_prefill_attention
+            from baton.kernels import (kv_cache_write, paged_decode_attention,
+                                       paged_prefill_attention)
             self._write = kv_cache_write.write_kv_cache
             self._decode = paged_decode_attention.paged_decode_attention
             self._prefill = paged_prefill_attention.paged_prefill_attention
@@ -60,10 +63,13 @@ class Attention:
         p = meta.num_prefill_tokens
         parts = []
         if p:
-            parts.append(self._prefill(q[:p], cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                                       meta.prefill_context_lens, self.scale))
+            parts.append(
+                self._prefill(q[:p], cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                              meta.prefill_context_lens, self.scale))
         if q.shape[0] > p:
-            parts.append(self._decode(q[p:], cache, meta.decode_block_tables, meta.decode_context_lens, self.scale))
+            parts.append(
+                self._decode(q[p:], cache, meta.decode_block_tables, meta.decode_context_lens,
+                             self.scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _torch(self, cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -85,26 +91,41 @@ class Attention:
                        span: PrefillSpan) -> torch.Tensor:
         qh = q.transpose(0, 1).unsqueeze(0)
         if span.context_len == span.query_len:
-            # No cached prefix: attend to this chunk's own K/V, exactly as a plain causal forward would.
+            # No cached prefix: attend to this chunk's own K/V, exactly as a plain causal forward
+            # would.
             kh, vh = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale,
+                                                 enable_gqa=True)
             return out.squeeze(0).transpose(0, 1)
         blocks = torch.tensor(span.block_ids, dtype=torch.int64)
-        kh = cache[:, 0].index_select(0, blocks).flatten(0, 1)[:span.context_len].transpose(0, 1).unsqueeze(0)
-        vh = cache[:, 1].index_select(0, blocks).flatten(0, 1)[:span.context_len].transpose(0, 1).unsqueeze(0)
+        kh = cache[:,
+                   0].index_select(0,
+                                   blocks).flatten(0,
+                                                   1)[:span.context_len].transpose(0,
+                                                                                   1).unsqueeze(0)
+        vh = cache[:,
+                   1].index_select(0,
+                                   blocks).flatten(0,
+                                                   1)[:span.context_len].transpose(0,
+                                                                                   1).unsqueeze(0)
         first = span.context_len - span.query_len
         q_pos = torch.arange(first, span.context_len).unsqueeze(1)
         mask = torch.arange(span.context_len).unsqueeze(0) <= q_pos
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale,
+                                             enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)
 
-    def _decode_group(self, cache: torch.Tensor, q: torch.Tensor, group: "DecodeGroup") -> torch.Tensor:
-        """One gather per group of similar-length sequences, sized to stay in cache for the SDPA that follows."""
+    def _decode_group(self, cache: torch.Tensor, q: torch.Tensor,
+                      group: "DecodeGroup") -> torch.Tensor:
+        """One gather per group of similar-length sequences, sized to stay in cache for the SDPA
+        that follows."""
         n = group.rows.shape[0]
-        kh = cache[:, 0].index_select(0, group.blocks).view(n, -1, *cache.shape[-2:]).transpose(1, 2)
-        vh = cache[:, 1].index_select(0, group.blocks).view(n, -1, *cache.shape[-2:]).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=group.mask, scale=self.scale,
-                                             enable_gqa=True)
+        kh = cache[:, 0].index_select(0, group.blocks).view(n, -1,
+                                                            *cache.shape[-2:]).transpose(1, 2)
+        vh = cache[:, 1].index_select(0, group.blocks).view(n, -1,
+                                                            *cache.shape[-2:]).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=group.mask,
+                                             scale=self.scale, enable_gqa=True)
         return out.squeeze(2)
 
 
@@ -117,11 +138,13 @@ class DecodeGroup:
 
 @dataclass
 class TorchPlan:
-    k_rows: torch.Tensor  # row of each new token's K in the cache viewed as [blocks * 2 * block_size, H, D]
+    # row of each new token's K in the cache viewed as [blocks * 2 * block_size, H, D]
+    k_rows: torch.Tensor
     decode_groups: list[DecodeGroup]
 
 
-# Bytes of gathered K+V per decode group: small enough to stay in a CPU's cache between gather and attention.
+# Bytes of gathered K+V per decode group: small enough to stay in a CPU's cache between gather and
+# attention.
 DECODE_GROUP_BYTES = 8 << 20
 
 
@@ -134,15 +157,20 @@ def plan_torch(slot_mapping: torch.Tensor, decode_tables: list[list[int]], decod
     while i < len(order):
         width = len(decode_tables[order[i]])
         j = i + 1
-        while j < len(order) and (j - i + 1) * len(decode_tables[order[j]]) * block_bytes <= DECODE_GROUP_BYTES:
+        while j < len(order) and (j - i + 1) * len(
+                decode_tables[order[j]]) * block_bytes <= DECODE_GROUP_BYTES:
             width = len(decode_tables[order[j]])
             j += 1
         members = order[i:j]
-        blocks = [b for r in members for b in decode_tables[r] + [0] * (width - len(decode_tables[r]))]
+        blocks = [
+            b for r in members for b in decode_tables[r] + [0] * (width - len(decode_tables[r]))
+        ]
         lens = torch.tensor([decode_lens[r] for r in members])
         mask = None
         if any(decode_lens[r] != width * block_size for r in members):
-            mask = (torch.arange(width * block_size).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
-        groups.append(DecodeGroup(torch.tensor(members), torch.tensor(blocks, dtype=torch.int64), mask))
+            mask = (torch.arange(width * block_size).unsqueeze(0) < lens.unsqueeze(1))[:, None,
+                                                                                       None, :]
+        groups.append(
+            DecodeGroup(torch.tensor(members), torch.tensor(blocks, dtype=torch.int64), mask))
         i = j
     return TorchPlan(k_rows, groups)

@@ -1,8 +1,10 @@
-"""Prefix-cache block keys, shared by every worker and the router so that all compute identical hashes.
+"""Prefix-cache block keys, shared by every worker and the router so that all compute identical
+hashes.
 
-A block's key chains its parent's key with its token ids. The first block's parent is a root derived from a
-fixed seed, the model identity and an optional per-tenant salt, so neither different models nor different
-tenants ever share (or can probe) each other's cached blocks. Keys are 64-bit so they fit protobuf uint64.
+A block's key chains its parent's key with its token ids. The first block's parent is a root derived
+from a fixed seed, the model identity and an optional per-tenant salt, so neither different models
+nor different tenants ever share (or can probe) each other's cached blocks. Keys are 64-bit so they
+fit protobuf uint64.
 """
 from __future__ import annotations
 
@@ -22,13 +24,17 @@ def root_hash(model_id: str, cache_salt: str | None = None) -> int:
     return _digest(HASH_SEED + b"\0" + model_id.encode() + b"\0" + salt)
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str, cache_salt: str | None = None,
-                 start: int = 0, parent: int | None = None) -> list[int]:
-    """Keys of the full blocks of token_ids, from block index `start` (whose parent key is `parent`)."""
+def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str,
+                 cache_salt: str | None = None, start: int = 0,
+                 parent: int | None = None) -> list[int]:
+    """Keys of the full blocks of token_ids, from block index `start` (whose parent key is
+    `parent`)."""
     h = root_hash(model_id, cache_salt) if parent is None else parent
-    # Each key digests the parent key's 8 bytes and the block's token ids as int64; the token array is packed
-    # once rather than once per block (the router hashes every prompt on its decision path).
-    data = array("q", token_ids[start * block_size:(len(token_ids) // block_size) * block_size]).tobytes()
+    # Each key digests the parent key's 8 bytes and the block's token ids as int64; the token array
+    # is packed once rather than once per block (the router hashes every prompt on its decision
+    # path).
+    data = array("q", token_ids[start * block_size:(len(token_ids) // block_size) *
+                                block_size]).tobytes()
     stride = block_size * 8
     keys = []
     for offset in range(0, len(data), stride):

@@ -1,10 +1,10 @@
 """Paged KV-cache bookkeeping: block allocation, reference counts and the prefix cache.
 
-Free blocks sit in one LRU queue. Blocks without a hash go to its front (reused first); freed cached blocks go
-to its back and stay hittable until allocation reaches and evicts them.
+Free blocks sit in one LRU queue. Blocks without a hash go to its front (reused first); freed cached
+blocks go to its back and stay hittable until allocation reaches and evicts them.
 
-With `record_events`, every block that becomes hittable or stops being so is logged in `events` (drained by the
-worker, which publishes them so the router's prefix index mirrors this cache).
+With `record_events`, every block that becomes hittable or stops being so is logged in `events`
+(drained by the worker, which publishes them so the router's prefix index mirrors this cache).
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ BlockEvent = tuple[Literal["stored", "removed"], int]  # (what happened, block h
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, model_id: str, enable_prefix_caching: bool = True,
-                 record_events: bool = False) -> None:
+
+    def __init__(self, num_blocks: int, block_size: int, model_id: str,
+                 enable_prefix_caching: bool = True, record_events: bool = False) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.model_id = model_id
@@ -43,9 +44,9 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def cached_prefix(self, seq: Sequence, keep_last: bool = True) -> list[int]:
-        """Block ids holding seq's longest cached prefix. With keep_last, the last token is left to compute: the
-        model must run on at least one token to produce logits, and a shared block must never be rewritten.
-        A hand-off's receiver computes nothing and passes keep_last=False."""
+        """Block ids holding seq's longest cached prefix. With keep_last, the last token is left to
+        compute: the model must run on at least one token to produce logits, and a shared block must
+        never be rewritten. A hand-off's receiver computes nothing and passes keep_last=False."""
         if not self.enable_prefix_caching:
             return []
         hashes = seq.full_block_hashes(self.block_size, self.model_id)
@@ -108,7 +109,8 @@ class BlockManager:
                     self.events.append(("stored", h))
 
     def free(self, seq: Sequence) -> None:
-        """Releases seq's blocks; the tail goes back first so that cached heads outlive their tails."""
+        """Releases seq's blocks; the tail goes back first so that cached heads outlive their
+        tails."""
         for block in reversed(seq.block_ids):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:

@@ -1,15 +1,15 @@
 """CUDA graphs for pure-decode steps.
 
-A decode step of an 8B model launches about a thousand small kernels; issued one by one from Python, the host,
-not the GPU, sets the pace. One graph per batch-size bucket replays the whole forward pass in a single launch.
-The graphs read persistent input buffers (token ids, positions, slot mapping, block tables, context lengths),
-which each step fills in place; rows past the real batch are padding that writes nothing (slot -1) and attends
-to nothing (context 0). Block tables are as wide as the longest sequence allows, so no shape changes between
-steps. Steps with prefill tokens run eagerly.
+A decode step of an 8B model launches about a thousand small kernels; issued one by one from Python,
+the host, not the GPU, sets the pace. One graph per batch-size bucket replays the whole forward pass
+in a single launch. The graphs read persistent input buffers (token ids, positions, slot mapping,
+block tables, context lengths), which each step fills in place; rows past the real batch are padding
+that writes nothing (slot -1) and attends to nothing (context 0). Block tables are as wide as the
+longest sequence allows, so no shape changes between steps. Steps with prefill tokens run eagerly.
 
-With enforce_eager, pure-decode steps still go through the same buffers and buckets, only without the graph:
-matrix products then have the same shapes in both modes, so greedy outputs are identical token for token (a
-GEMM's rounding may depend on its row count).
+With enforce_eager, pure-decode steps still go through the same buffers and buckets, only without
+the graph: matrix products then have the same shapes in both modes, so greedy outputs are identical
+token for token (a GEMM's rounding may depend on its row count).
 """
 from __future__ import annotations
 
@@ -25,18 +25,22 @@ from baton.services.engine.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-# Capture stops (and larger batches run eagerly) past this: start-up must stay bounded on a slow or busy device.
+# Capture stops (and larger batches run eagerly) past this: start-up must stay bounded on a slow or
+# busy device.
 CAPTURE_TIME_LIMIT_S = 120.0
-# Warm-up runs before each capture, so Triton compiles and allocator growth happen outside the graph.
+# Warm-up runs before each capture, so Triton compiles and allocator growth happen outside the
+# graph.
 WARMUP_RUNS = 2
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 16 up to max_batch (and max_batch itself): padding wastes at most 15 rows
-    (vLLM and SGLang pick similar ladders)."""
-    sizes = {b for b in (1, 2, 4, 8) if b <= max_batch} | set(range(16, max_batch + 1, 16)) | {max_batch}
+    """1, 2, 4, 8, then every multiple of 16 up to max_batch (and max_batch itself): padding wastes
+    at most 15 rows (vLLM and SGLang pick similar ladders)."""
+    sizes = {b
+             for b in (1, 2, 4, 8)
+             if b <= max_batch} | set(range(16, max_batch + 1, 16)) | {max_batch}
     return sorted(sizes)
 
 
@@ -56,13 +60,15 @@ class DecodeBatch:
 
 
 class DecodeInputs:
-    """The persistent buffers the graphs read, and host staging buffers they are filled from in one copy each."""
+    """The persistent buffers the graphs read, and host staging buffers they are filled from in one
+    copy each."""
 
     def __init__(self, max_batch: int, max_blocks_per_seq: int, device: torch.device) -> None:
         pin = device.type == "cuda"
 
         def pair(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-            return (torch.zeros(shape, dtype=dtype, pin_memory=pin), torch.zeros(shape, dtype=dtype, device=device))
+            return (torch.zeros(shape, dtype=dtype,
+                                pin_memory=pin), torch.zeros(shape, dtype=dtype, device=device))
 
         self.host_ids, self.input_ids = pair((max_batch,), torch.int64)
         self.host_positions, self.positions = pair((max_batch,), torch.int64)
@@ -76,10 +82,11 @@ class DecodeInputs:
         self._empty_table = torch.zeros((0, max_blocks_per_seq), dtype=torch.int32, device=device)
 
     def fill(self, batch: DecodeBatch, bucket: int) -> None:
-        """Writes batch into rows [0, len) and padding into [len, bucket), without waiting for the device.
+        """Writes batch into rows [0, len) and padding into [len, bucket), without waiting for the
+        device.
 
-        The staging buffers are reused next step: the step's own sync (the sampler reading its tokens back)
-        has finished this step's copies by then."""
+        The staging buffers are reused next step: the step's own sync (the sampler reading its
+        tokens back) has finished this step's copies by then."""
         n = len(batch.token_ids)
         self.host_ids[:n] = torch.as_tensor(batch.token_ids)
         self.host_positions[:n] = torch.as_tensor(batch.positions)
@@ -89,7 +96,8 @@ class DecodeInputs:
         self.host_positions[n:bucket] = 0
         self.host_slots[n:bucket] = -1
         self.host_lens[n:bucket] = 0
-        # Entries past a row's own blocks are never read (the kernel stops at its context length): stale is fine.
+        # Entries past a row's own blocks are never read (the kernel stops at its context length):
+        # stale is fine.
         tables = self.host_tables.numpy()
         for row, blocks in enumerate(batch.block_tables):
             tables[row, :len(blocks)] = blocks
@@ -99,7 +107,8 @@ class DecodeInputs:
             dev[:bucket].copy_(host[:bucket], non_blocking=True)
 
     def metadata(self, bucket: int) -> AttentionMetadata:
-        """Attention metadata over the first bucket rows of the buffers: views, so later fills show through."""
+        """Attention metadata over the first bucket rows of the buffers: views, so later fills show
+        through."""
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bucket], num_prefill_tokens=0, prefill_spans=[],
             prefill_block_tables=self._empty_table, prefill_query_start_loc=self._start_loc,
@@ -109,7 +118,8 @@ class DecodeInputs:
 
 class Replayable(Protocol):
     def replay(self) -> torch.Tensor:
-        """Runs the step on the current contents of the input buffers; returns the hidden states [bucket, H]."""
+        """Runs the step on the current contents of the input buffers; returns the hidden states
+        [bucket, H]."""
 
 
 @dataclass
@@ -123,7 +133,8 @@ class CapturedStep:
 
 
 class EagerStep:
-    """A bucket run without a graph: the same forward, on the same buffers, launched kernel by kernel."""
+    """A bucket run without a graph: the same forward, on the same buffers, launched kernel by
+    kernel."""
 
     def __init__(self, graphs: DecodeGraphs, bucket: int) -> None:
         self.graphs, self.bucket = graphs, bucket
@@ -135,9 +146,11 @@ class EagerStep:
 
 
 class DecodeGraphs:
-    """One captured forward pass per bucket, sharing one memory pool (captured largest first, as it must be)."""
+    """One captured forward pass per bucket, sharing one memory pool (captured largest first, as it
+    must be)."""
 
-    def __init__(self, forward: Forward, max_batch: int, max_blocks_per_seq: int, device: torch.device) -> None:
+    def __init__(self, forward: Forward, max_batch: int, max_blocks_per_seq: int,
+                 device: torch.device) -> None:
         self.forward = forward
         self.device = device
         self.inputs = DecodeInputs(max_batch, max_blocks_per_seq, device)
@@ -160,14 +173,18 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self._wanted):
             if time.perf_counter() - started > time_limit_s:
-                log.warning("CUDA graph capture stopped after %.1f s (limit %.0f s): batches below %d rows replay "
-                            "padded to that size", time.perf_counter() - started, time_limit_s, min(self.steps))
+                log.warning(
+                    "CUDA graph capture stopped after %.1f s (limit %.0f s): batches below %d rows "
+                    "replay "
+                    "padded to that size",
+                    time.perf_counter() - started, time_limit_s, min(self.steps))
                 break
             self.add(bucket, self._capture_one(bucket, pool))
         self.captured = True
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
-        log.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s, %.0f MiB", len(self.buckets),
-                 ",".join(map(str, self.buckets)), time.perf_counter() - started, used / (1 << 20))
+        log.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s, %.0f MiB",
+                 len(self.buckets), ",".join(map(str, self.buckets)),
+                 time.perf_counter() - started, used / (1 << 20))
 
     @torch.inference_mode()
     def _capture_one(self, bucket: int, pool: tuple[int, int]) -> CapturedStep:

@@ -1,11 +1,13 @@
-"""What a decode step costs this engine, measured: a linear fit of recent step times against the step's decode rows
-and their context tokens, which the worker reports so the router can predict the TPOT of one more request.
+"""What a decode step costs this engine, measured: a linear fit of recent step times against the
+step's decode rows and their context tokens, which the worker reports so the router can predict the
+TPOT of one more request.
 
-Every step with decode rows is a sample, mixed steps (a prompt chunk beside the rows) included: the TPOT a request
-sees is the time of all the steps it waits through, so the prefill interference the worker has been seeing belongs
-in the fit's intercept. Rows and context rise together, so the two slopes can trade off against each other; a fit
-with a negative coefficient is retried without the context term, and failing that the cost is taken as
-proportional to the rows (no intercept), which overstates the marginal row and so errs on the refusing side.
+Every step with decode rows is a sample, mixed steps (a prompt chunk beside the rows) included: the
+TPOT a request sees is the time of all the steps it waits through, so the prefill interference the
+worker has been seeing belongs in the fit's intercept. Rows and context rise together, so the two
+slopes can trade off against each other; a fit with a negative coefficient is retried without the
+context term, and failing that the cost is taken as proportional to the rows (no intercept), which
+overstates the marginal row and so errs on the refusing side.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ class DecodeCostModel:
             self._fit = None
 
     def fit(self) -> DecodeCostFit | None:
-        """The current fit (cached until the next sample); None before MIN_SAMPLES steps with decode rows."""
+        """The current fit (cached until the next sample); None before MIN_SAMPLES steps with decode
+        rows."""
         if self._fit is None and len(self._samples) >= MIN_SAMPLES:
             # A snapshot: the stats call reads from the event loop while the engine thread appends.
             self._fit = _fit(np.asarray(tuple(self._samples), dtype=float))

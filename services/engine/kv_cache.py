@@ -1,12 +1,13 @@
 """Sizing and allocation of the paged KV cache.
 
-Layout [layers, blocks, 2, block_size, kv_heads, head_dim]: each (layer, block) pair, K and V together, is one
-contiguous range of memory, which is what a KV hand-off registers and moves.
+Layout [layers, blocks, 2, block_size, kv_heads, head_dim]: each (layer, block) pair, K and V
+together, is one contiguous range of memory, which is what a KV hand-off registers and moves.
 
-Without an explicit size the cache takes what memory allows: on a GPU, gpu_memory_utilization of the card less
-everything already in use (weights, other processes) and a bound on one step's activations; on a CPU, a share of
-the host's available memory, at most DEFAULT_CPU_KV_GIB. An explicit size that cannot fit is refused up front,
-naming the sizes, instead of failing later with an out-of-memory traceback.
+Without an explicit size the cache takes what memory allows: on a GPU, gpu_memory_utilization of the
+card less everything already in use (weights, other processes) and a bound on one step's
+activations; on a CPU, a share of the host's available memory, at most DEFAULT_CPU_KV_GIB. An
+explicit size that cannot fit is refused up front, naming the sizes, instead of failing later with
+an out-of-memory traceback.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 DEFAULT_CPU_KV_GIB = 2.0
-# Of the host's available memory: what the default CPU cache may take, and what an explicit size may.
+# Of the host's available memory: what the default CPU cache may take, and what an explicit size
+# may.
 CPU_DEFAULT_SHARE, CPU_EXPLICIT_SHARE = 0.25, 0.9
 
 
@@ -46,12 +48,14 @@ def block_bytes(config: PretrainedConfig, block_size: int, dtype: torch.dtype) -
 
 
 def _activation_reserve(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype) -> int:
-    """A generous bound on one step's transient memory: MLP activations of the token budget plus logits, and the
-    CUDA graphs' own pool, which holds a decode batch's activations beside the eager allocator's."""
+    """A generous bound on one step's transient memory: MLP activations of the token budget plus
+    logits, and the CUDA graphs' own pool, which holds a decode batch's activations beside the eager
+    allocator's."""
     itemsize = torch.finfo(dtype).bits // 8
     per_token = (3 * config.intermediate_size + 6 * config.hidden_size) * itemsize
     logits = engine.max_num_seqs * config.vocab_size * 4 * 4
-    graphs = 0 if engine.enforce_eager else min(engine.cuda_graph_max_batch_size, engine.max_num_seqs) * per_token
+    graphs = 0 if engine.enforce_eager else min(engine.cuda_graph_max_batch_size,
+                                                engine.max_num_seqs) * per_token
     return engine.max_num_batched_tokens * per_token + logits + graphs
 
 
@@ -62,8 +66,10 @@ def memory_budget(engine: EngineConfig, config: PretrainedConfig, dtype: torch.d
         free, total = torch.cuda.mem_get_info(device)
         reserve = _activation_reserve(engine, config, dtype)
         available = max(0, int(total * engine.gpu_memory_utilization) - (total - free) - reserve)
-        where = (f"{engine.gpu_memory_utilization:g} of {_gib(total)} on {torch.cuda.get_device_name(device)}, "
-                 f"less {_gib(total - free)} in use and {_gib(reserve)} reserved for activations")
+        where = (
+            f"{engine.gpu_memory_utilization:g} of {_gib(total)} on "
+            f"{torch.cuda.get_device_name(device)}, "
+            f"less {_gib(total - free)} in use and {_gib(reserve)} reserved for activations")
         return MemoryBudget(available, available, where)
     host = psutil.virtual_memory().available
     default = min(int(DEFAULT_CPU_KV_GIB * GIB), int(host * CPU_DEFAULT_SHARE))
@@ -71,12 +77,13 @@ def memory_budget(engine: EngineConfig, config: PretrainedConfig, dtype: torch.d
                         f"{CPU_EXPLICIT_SHARE:g} of the host's {_gib(host)} available")
 
 
-def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
-               max_model_len: int | None = None, wanted: int | None = None) -> int:
+def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype,
+               device: torch.device, max_model_len: int | None = None,
+               wanted: int | None = None) -> int:
     """Blocks to allocate; raises KVCacheTooLarge when an explicit size cannot fit.
 
-    wanted: without an explicit size, this many blocks (a benchmark sized to its work), capped at what memory
-    allows, with a warning when capped."""
+    wanted: without an explicit size, this many blocks (a benchmark sized to its work), capped at
+    what memory allows, with a warning when capped."""
     per_block = block_bytes(config, engine.block_size, dtype)
     budget = memory_budget(engine, config, dtype, device)
     if engine.num_kv_blocks is not None:
@@ -93,23 +100,30 @@ def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtyp
         blocks, asked = budget.default // per_block, ""
     if asked and blocks * per_block > budget.available:
         raise KVCacheTooLarge(
-            f"{asked} needs {_gib(blocks * per_block)} of KV cache ({blocks} blocks of {per_block} bytes), but only "
-            f"{_gib(budget.available)} can be given to it ({budget.where}); lower it, or leave it unset to size the "
+            f"{asked} needs {_gib(blocks * per_block)} of KV cache ({blocks} blocks of {per_block} "
+            "bytes), but only "
+            f"{_gib(budget.available)} can be given to it ({budget.where}); lower it, or leave it "
+            "unset to size the "
             f"cache from memory")
     if blocks < 1:
-        raise ValueError(f"the KV-cache budget of {_gib(budget.default)} ({budget.where}) holds no block of "
-                         f"{per_block} bytes; free memory or lower max_num_batched_tokens")
-    log.info("KV cache: %d blocks of %d tokens (%s)%s", blocks, engine.block_size, _gib(blocks * per_block),
-             "" if asked else f", sized from memory: {budget.where}")
-    if not asked and wanted is None and max_model_len is not None and blocks * engine.block_size < max_model_len:
+        raise ValueError(
+            f"the KV-cache budget of {_gib(budget.default)} ({budget.where}) holds no block of "
+            f"{per_block} bytes; free memory or lower max_num_batched_tokens")
+    log.info("KV cache: %d blocks of %d tokens (%s)%s", blocks, engine.block_size,
+             _gib(blocks * per_block), "" if asked else f", sized from memory: {budget.where}")
+    if (not asked and wanted is None and max_model_len is not None and
+            blocks * engine.block_size < max_model_len):
         log.warning("the KV cache holds %d tokens, less than one full-length sequence (%d)",
                     blocks * engine.block_size, max_model_len)
     return blocks
 
 
-def max_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype, device: torch.device) -> int:
-    """The most blocks this device can hold (what num_blocks would size the cache to, explicit sizes aside)."""
-    return memory_budget(engine, config, dtype, device).available // block_bytes(config, engine.block_size, dtype)
+def max_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype,
+               device: torch.device) -> int:
+    """The most blocks this device can hold (what num_blocks would size the cache to, explicit sizes
+    aside)."""
+    return memory_budget(engine, config, dtype, device).available // block_bytes(
+        config, engine.block_size, dtype)
 
 
 def _gib(n: int) -> str:
@@ -118,5 +132,6 @@ def _gib(n: int) -> str:
 
 def allocate(config: PretrainedConfig, blocks: int, block_size: int, dtype: torch.dtype,
              device: torch.device) -> torch.Tensor:
-    shape = (config.num_hidden_layers, blocks, 2, block_size, config.num_key_value_heads, head_dim(config))
+    shape = (config.num_hidden_layers, blocks, 2, block_size, config.num_key_value_heads,
+             head_dim(config))
     return torch.zeros(shape, dtype=dtype, device=device)

@@ -43,18 +43,21 @@ SERVING_API = frozenset({
 
 @dataclass
 class EngineCounters:
-    prompt_tokens_computed: int = 0  # prefill tokens actually run through the model (cache hits excluded)
+    # prefill tokens actually run through the model (cache hits excluded)
+    prompt_tokens_computed: int = 0
     generation_tokens: int = 0
     steps: int = 0
     requests_finished: int = 0
     recent_step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=32))
-    # (prompt tokens, seconds) of recent steps that computed prompt tokens, decode rows in them included.
+    # (prompt tokens, seconds) of recent steps that computed prompt tokens, decode rows in them
+    # included.
     recent_prefill_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=32))
     decode_cost: DecodeCostModel = field(default_factory=DecodeCostModel)
 
     def prefill_tokens_per_s(self) -> float | None:
-        """How fast this engine has been getting through prompt tokens lately, under its real mix of work: what
-        the router divides a queue of prompt tokens by to predict a wait. None before any prefill."""
+        """How fast this engine has been getting through prompt tokens lately, under its real mix of
+        work: what the router divides a queue of prompt tokens by to predict a wait. None before any
+        prefill."""
         seconds = sum(s for _, s in self.recent_prefill_steps)
         return sum(t for t, _ in self.recent_prefill_steps) / seconds if seconds > 0 else None
 
@@ -74,8 +77,10 @@ class EngineStats:
     prefill_tokens_per_s: float | None
 
 
-def _resolve(config: EngineConfig, checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    # The simulated engine computes nothing: its logits are CPU tensors, and simulated workers need no CUDA context.
+def _resolve(config: EngineConfig,
+             checkpoint_dtype: torch.dtype | None) -> tuple[torch.device, torch.dtype]:
+    # The simulated engine computes nothing: its logits are CPU tensors, and simulated workers need
+    # no CUDA context.
     device = torch.device("cpu" if config.engine == "sim" else
                           "cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
@@ -96,14 +101,15 @@ def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozen
 
 
 def _prompt_tokens_in(item: ScheduledSeq) -> int:
-    """How many of the tokens just computed for item were prompt tokens (after finish_step advanced it)."""
+    """How many of the tokens just computed for item were prompt tokens (after finish_step advanced
+    it)."""
     start = item.seq.num_computed_tokens - item.num_tokens
     return max(0, min(item.num_tokens, item.seq.num_prompt_tokens - start))
 
 
 def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprobs | None] | None:
-    """The prompt logprobs, once, when all are known (a hand-off's receiver never has them: its caller got them
-    from the prefill worker)."""
+    """The prompt logprobs, once, when all are known (a hand-off's receiver never has them: its
+    caller got them from the prefill worker)."""
     done = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == seq.num_prompt_tokens
     if not done or seq.prompt_logprobs_sent:
         return None
@@ -113,7 +119,8 @@ def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprobs | None] | None:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None) -> None:
-        """kv_blocks_wanted: without an explicit KV size, this many blocks as far as memory allows (benchmarks)."""
+        """kv_blocks_wanted: without an explicit KV size, this many blocks as far as memory allows
+        (benchmarks)."""
         if config.model is None:
             from baton.services.checkpoints.tiny_model import embedded_model_path
             config = config.model_copy(update={"model": str(embedded_model_path())})
@@ -130,10 +137,11 @@ class LLMEngine:
         if config.engine == "sim":
             if kv_blocks_wanted is not None and config.num_kv_blocks is None:
                 config = config.model_copy(update={"num_kv_blocks": kv_blocks_wanted})
-            self.runner: ModelRunner | SimulatedRunner = SimulatedRunner(config, self.model_config, self.eos_ids)
+            self.runner: ModelRunner | SimulatedRunner = SimulatedRunner(
+                config, self.model_config, self.eos_ids)
         else:
-            self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype, self.device,
-                                      self.max_model_len, kv_blocks_wanted)
+            self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype,
+                                      self.device, self.max_model_len, kv_blocks_wanted)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
                                    config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
@@ -144,7 +152,8 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         # Both ends of a KV hand-off: sequences with blocks taken outside the batch (handoff.py).
         self.handoffs = HandoffTable()
-        # Built on the first structured request: wrapping a large vocabulary for the grammar engine takes ~1 s.
+        # Built on the first structured request: wrapping a large vocabulary for the grammar engine
+        # takes ~1 s.
         self._grammars: GrammarCache | None = None
         self._masks: MaskBuilder | None = None
 
@@ -157,10 +166,13 @@ class LLMEngine:
 
     def submit(self, request: EngineRequest, *, output_token_ids: list[int] | None = None,
                hold_kv: bool = False) -> None:
-        """Queues a request. Raises ValueError with a client-facing message when it can never be served.
+        """Queues a request. Raises ValueError with a client-facing message when it can never be
+        served.
 
-        output_token_ids: tokens already generated (and streamed) elsewhere; generation continues after them.
-        hold_kv: keep the blocks once finished, until release_kv (the prefill side of a hand-off)."""
+        output_token_ids: tokens already generated (and streamed) elsewhere; generation continues
+        after them.
+        hold_kv: keep the blocks once finished, until release_kv (the prefill side of a
+        hand-off)."""
         seq = self._new_sequence(request, output_token_ids)
         seq.hold_kv = hold_kv
         self.scheduler.add(seq)
@@ -182,9 +194,11 @@ class LLMEngine:
         if params.structured_output is not None:
             seq.grammar = self._grammar(params, outputs)
         skip_draws(seq, self.model_config.vocab_size, len(outputs))
-        detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.prompt_token_ids, params)
-        # Replaying the tokens generated elsewhere leaves the detokenizer where the first worker's was: text a
-        # possible stop string held back is still to be released, and a stop string may complete across the seam.
+        detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.prompt_token_ids,
+                                       params)
+        # Replaying the tokens generated elsewhere leaves the detokenizer where the first worker's
+        # was: text a possible stop string held back is still to be released, and a stop string may
+        # complete across the seam.
         for token in outputs:
             detok.add(token)
         detok.release(final=False)
@@ -192,7 +206,8 @@ class LLMEngine:
         return seq
 
     def _grammar(self, params: SamplingParams, outputs: list[int]) -> GrammarState:
-        """A matcher for the request's structured output, past the tokens it already generated elsewhere."""
+        """A matcher for the request's structured output, past the tokens it already generated
+        elsewhere."""
         if self._grammars is None:
             vocab = self.model_config.vocab_size
             self._grammars = GrammarCache(make_tokenizer(self.tokenizer, vocab, self.eos_ids),
@@ -203,9 +218,10 @@ class LLMEngine:
         return state
 
     def reserve_prefilled(self, request: EngineRequest) -> tuple[list[int], int] | None:
-        """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere. Returns (block ids,
-        number of leading blocks already held by the local prefix cache, which need no transfer), or None when
-        the cache or the batch has no room now. Raises ValueError like submit."""
+        """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere. Returns
+        (block ids, number of leading blocks already held by the local prefix cache, which need no
+        transfer), or None when the cache or the batch has no room now. Raises ValueError like
+        submit."""
         seq = self._new_sequence(request)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
         if (len(self.scheduler.running) >= self.config.max_num_seqs
@@ -222,7 +238,8 @@ class LLMEngine:
 
     def commit_prefilled(self, request_id: str, first_token: int,
                          first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
-        """The reserved blocks now hold the prompt's KV: join the batch with the prefill worker's first token."""
+        """The reserved blocks now hold the prompt's KV: join the batch with the prefill worker's
+        first token."""
         seq = self.handoffs.take_reserved(request_id)
         cached = seq.num_computed_tokens
         seq.num_computed_tokens = seq.num_tokens
@@ -232,8 +249,8 @@ class LLMEngine:
         return self._append(seq, first_token, first_logprobs)
 
     def park_reserved(self, request_id: str) -> int:
-        """Moves a reservation out of its request's way, its blocks still taken (a late write may still land in
-        them); returns the ticket that release_parked frees them by."""
+        """Moves a reservation out of its request's way, its blocks still taken (a late write may
+        still land in them); returns the ticket that release_parked frees them by."""
         ticket = self.handoffs.park(request_id)
         del self.seqs[request_id], self.detokenizers[request_id]
         return ticket
@@ -272,9 +289,11 @@ class LLMEngine:
         if params.logit_bias and any(t >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.prompt_logprobs is not None and self.config.engine == "sim":
-            raise ValueError("prompt_logprobs needs the model engine; the simulated engine computes no logits")
+            raise ValueError(
+                "prompt_logprobs needs the model engine; the simulated engine computes no logits")
 
-    def _check_prompt(self, prompt: list[int], params: SamplingParams, num_generated: int = 0) -> None:
+    def _check_prompt(self, prompt: list[int], params: SamplingParams,
+                      num_generated: int = 0) -> None:
         if not prompt:
             raise ValueError("prompt must contain at least one token")
         vocab = self.model_config.vocab_size
@@ -282,14 +301,17 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         total = len(prompt) + params.max_tokens - num_generated
         if total > self.max_model_len:
-            raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens; the request "
-                             f"asks for {total} ({len(prompt)} prompt + {params.max_tokens} to generate)")
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                f"asks for {total} ({len(prompt)} prompt + {params.max_tokens} to generate)")
         if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
             raise ValueError(f"the request needs {total} tokens of KV cache; this worker holds "
                              f"{self.blocks.num_blocks * self.blocks.block_size}")
         if not self.config.enable_chunked_prefill and total > self.config.max_num_batched_tokens:
-            raise ValueError(f"with chunked prefill off, prompt plus output is limited to max_num_batched_tokens "
-                             f"({self.config.max_num_batched_tokens})")
+            raise ValueError(
+                "with chunked prefill off, prompt plus output is limited to "
+                "max_num_batched_tokens "
+                f"({self.config.max_num_batched_tokens})")
 
     def abort(self, request_id: str) -> bool:
         """abort_request, saying whether the request was anywhere here."""
@@ -309,7 +331,8 @@ class LLMEngine:
         return self._finish(seq)
 
     def decode_load(self) -> tuple[int, int]:
-        """(rows, context tokens) of the running requests past their prompt: the batch a new one would join."""
+        """(rows, context tokens) of the running requests past their prompt: the batch a new one
+        would join."""
         rows = [s for s in self.scheduler.running if s.num_computed_tokens >= s.num_prompt_tokens]
         return len(rows), sum(s.num_computed_tokens for s in rows)
 
@@ -351,13 +374,15 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """One scheduled forward pass; returns an output for every request that produced tokens or finished."""
+        """One scheduled forward pass; returns an output for every request that produced tokens or
+        finished."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
         started = time.perf_counter()
         items, logits = self.runner.execute(scheduled)
-        # execute() does not wait for the GPU, so on a GPU these are filled while the step's kernels run.
+        # execute() does not wait for the GPU, so on a GPU these are filled while the step's kernels
+        # run.
         masks = self._masks.fill([item.seq for item in items]) if self._masks else None
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
@@ -370,7 +395,8 @@ class LLMEngine:
         if prompt_tokens:
             self.counters.recent_prefill_steps.append((prompt_tokens, seconds))
         decode = [s for s in scheduled if _prompt_tokens_in(s) == 0]
-        self.counters.decode_cost.record(len(decode), sum(s.seq.num_computed_tokens for s in decode), seconds)
+        self.counters.decode_cost.record(len(decode),
+                                         sum(s.seq.num_computed_tokens for s in decode), seconds)
         return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
 
     def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
@@ -380,7 +406,8 @@ class LLMEngine:
             seq.logprobs.append(logprobs)
         stop = self.detokenizers[seq.request_id].add(token)
         p = seq.params
-        # A token the grammar refuses can only come from a hand-off whose first token was drawn unconstrained.
+        # A token the grammar refuses can only come from a hand-off whose first token was drawn
+        # unconstrained.
         grammar_ok = seq.grammar is None or seq.grammar.advance(token)
         if not grammar_ok:
             seq.finish_reason = "abort"
@@ -411,23 +438,26 @@ class LLMEngine:
     def _output(self, seq: Sequence, num_new: int, final: bool) -> RequestOutput:
         detok = self.detokenizers[seq.request_id]
         new_text = detok.release(final)
-        # The histories stay where they grow (token and logprob lists only append; text past `released` is the
-        # only text ever cut): each output keeps a length, not a copy.
-        tokens, start, end, released, lps = seq.token_ids, seq.num_prompt_tokens, seq.num_tokens, detok.released, \
-            seq.logprobs
+        # The histories stay where they grow (token and logprob lists only append; text past
+        # `released` is the only text ever cut): each output keeps a length, not a copy.
+        tokens, start, end = seq.token_ids, seq.num_prompt_tokens, seq.num_tokens
+        released, lps = detok.released, seq.logprobs
         num_lps = 0 if lps is None else len(lps)
         snapshot = RequestOutput.snapshot
         return RequestOutput(
             request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
-            token_ids=snapshot(lambda: tokens[start:end]), text=snapshot(lambda: detok.text[:released]),
-            num_new_tokens=num_new, new_text=new_text, finished=final, finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason, logprobs=None if lps is None else snapshot(lambda: lps[:num_lps]),
+            token_ids=snapshot(lambda: tokens[start:end]),
+            text=snapshot(lambda: detok.text[:released]), num_new_tokens=num_new, new_text=new_text,
+            finished=final, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+            logprobs=None if lps is None else snapshot(lambda: lps[:num_lps]),
             num_cached_tokens=seq.num_cached_tokens, new_token_ids=tokens[end - num_new:end],
             new_logprobs=None if lps is None else lps[max(0, num_lps - num_new):num_lps],
             prompt_logprobs=_take_prompt_logprobs(seq))
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
-        """Offline convenience: runs prompts to completion and returns their final outputs in order."""
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Offline convenience: runs prompts to completion and returns their final outputs in
+        order."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
         for rid, prompt, p in zip(ids, prompts, params_list):
@@ -443,8 +473,8 @@ class LLMEngine:
 
 
 def keep_prompt_logprobs(out: RequestOutput, scored: dict[str, list[TokenLogprobs | None]]) -> None:
-    """For callers that keep only final outputs: prompt logprobs arrive once, maybe before the end; this puts
-    them on the final output too."""
+    """For callers that keep only final outputs: prompt logprobs arrive once, maybe before the end;
+    this puts them on the final output too."""
     if out.prompt_logprobs is not None:
         scored[out.request_id] = out.prompt_logprobs
     if out.finished:

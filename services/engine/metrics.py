@@ -1,7 +1,7 @@
 """Prometheus view of an engine, read at scrape time so the token path pays nothing for it.
 
-Names follow vLLM's metrics with a `baton_` prefix (vllm:num_preemptions -> baton_num_preemptions_total);
-docs/metrics.md lists them.
+Names follow vLLM's metrics with a `baton_` prefix (vllm:num_preemptions ->
+baton_num_preemptions_total); docs/metrics.md lists them.
 """
 from __future__ import annotations
 
@@ -36,15 +36,22 @@ class EngineCollector(Collector):
 
         yield counter("baton_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                       stats.prefix_cache_queries)
-        yield counter("baton_prefix_cache_hits", "Prompt tokens found in the prefix cache", stats.prefix_cache_hits)
-        yield counter("baton_num_preemptions", "Requests preempted (KV blocks reclaimed, recomputed later)",
+        yield counter("baton_prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                      stats.prefix_cache_hits)
+        yield counter("baton_num_preemptions",
+                      "Requests preempted (KV blocks reclaimed, recomputed later)",
                       stats.preemptions)
-        yield counter("baton_prompt_tokens_computed", "Prompt tokens run through the model (cache hits excluded)",
+        yield counter("baton_prompt_tokens_computed",
+                      "Prompt tokens run through the model (cache hits excluded)",
                       counters.prompt_tokens_computed)
         yield counter("baton_generation_tokens", "Tokens generated", counters.generation_tokens)
         yield counter("baton_engine_steps", "Engine steps (forward passes) run", counters.steps)
-        yield gauge("baton_num_requests_running", "Requests in the running batch", len(sched.running))
-        yield gauge("baton_num_requests_waiting", "Requests waiting to be scheduled", len(sched.waiting))
-        yield gauge("baton_kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full)", e.blocks.usage)
-        yield gauge("baton_kv_cache_free_blocks", "KV-cache blocks free or evictable", e.blocks.num_free_blocks)
+        yield gauge("baton_num_requests_running", "Requests in the running batch",
+                    len(sched.running))
+        yield gauge("baton_num_requests_waiting", "Requests waiting to be scheduled",
+                    len(sched.waiting))
+        yield gauge("baton_kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full)",
+                    e.blocks.usage)
+        yield gauge("baton_kv_cache_free_blocks", "KV-cache blocks free or evictable",
+                    e.blocks.num_free_blocks)
         yield gauge("baton_kv_cache_total_blocks", "KV-cache blocks in all", e.blocks.num_blocks)

@@ -1,4 +1,5 @@
-"""Turns a scheduled step into one packed forward pass and returns the logits of the rows that sample."""
+"""Turns a scheduled step into one packed forward pass and returns the logits of the rows that
+sample."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def _block_table(tables: list[list[int]]) -> torch.Tensor:
-    """[rows, longest] int64, zero-padded; filled row by row in C rather than per element in Python."""
+    """[rows, longest] int64, zero-padded; filled row by row in C rather than per element in
+    Python."""
     out = np.zeros((len(tables), max((len(t) for t in tables), default=0)), dtype=np.int64)
     for row, blocks in enumerate(tables):
         out[row, :len(blocks)] = blocks
@@ -30,8 +32,10 @@ def _block_table(tables: list[list[int]]) -> torch.Tensor:
 
 
 class ModelRunner:
-    def __init__(self, engine: EngineConfig, config: PretrainedConfig, model_dir: Path, dtype: torch.dtype,
-                 device: torch.device, max_model_len: int, kv_blocks_wanted: int | None = None) -> None:
+
+    def __init__(self, engine: EngineConfig, config: PretrainedConfig, model_dir: Path,
+                 dtype: torch.dtype, device: torch.device, max_model_len: int,
+                 kv_blocks_wanted: int | None = None) -> None:
         self.device = device
         self.block_size = engine.block_size
         backend = engine.attention_backend
@@ -40,13 +44,17 @@ class ModelRunner:
         # Weights first, so that the cache budget on a GPU is what they leave.
         self.attention = Attention(head_dim(config) ** -0.5, backend, engine.block_size)
         self.model = load_model(model_dir, config, self.attention, dtype, device, max_model_len)
-        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len, kv_blocks_wanted)
-        self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size, dtype, device)
-        self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype) // config.num_hidden_layers
+        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len,
+                                              kv_blocks_wanted)
+        self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size,
+                                                    dtype, device)
+        self.block_bytes = kv_cache.block_bytes(config, engine.block_size,
+                                                dtype) // config.num_hidden_layers
         self.graphs: DecodeGraphs | None = None
         if bucketed_decode(device, backend):
             max_blocks = -(-max_model_len // engine.block_size)
-            self.graphs = DecodeGraphs(self.model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
+            self.graphs = DecodeGraphs(self.model,
+                                       min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
                                        max_blocks, device)
             if engine.enforce_eager:
                 self.graphs.use_eager()
@@ -58,20 +66,22 @@ class ModelRunner:
         return self.attention.kv_cache
 
     def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
-        """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden states."""
+        """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden
+        states."""
         return (all(s.num_tokens == 1 and not s.seq.wants_prompt_logprobs for s in scheduled)
                 and self.graphs.can_run(len(scheduled)))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
-        """Runs the step. Returns the items that sample, in packed order, and their float32 logits. Sequences that
-        asked for prompt logprobs get this step's share appended."""
+        """Runs the step. Returns the items that sample, in packed order, and their float32 logits.
+        Sequences that asked for prompt logprobs get this step's share appended."""
         if self.graphs is not None and self._graphable(scheduled):
             hidden = self.graphs.run(_decode_batch(scheduled, self.block_size))
             keep = [i for i, s in enumerate(scheduled) if s.samples]
             rows = hidden if len(keep) == len(scheduled) else hidden[keep]
             return [scheduled[i] for i in keep], self.model.compute_logits(rows)
-        packed = [s for s in scheduled if s.num_tokens > 1] + [s for s in scheduled if s.num_tokens == 1]
+        packed = [s for s in scheduled if s.num_tokens > 1
+                  ] + [s for s in scheduled if s.num_tokens == 1]
         ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
         if any(s.seq.wants_prompt_logprobs for s in packed):
@@ -79,15 +89,19 @@ class ModelRunner:
         keep = [i for i, s in enumerate(packed) if s.samples]
         return [packed[i] for i in keep], self.model.compute_logits(hidden[sample_rows])
 
-    def _prepare(self, packed: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
-                                                             torch.Tensor]:
-        """Per-token positions and slots come from tensor arithmetic over per-sequence values, and everything
-        the device needs crosses in one copy."""
+    def _prepare(
+        self, packed: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """Per-token positions and slots come from tensor arithmetic over per-sequence values, and
+        everything the device needs crosses in one copy."""
         bs = self.block_size
         counts = torch.tensor([s.num_tokens for s in packed])
         firsts = torch.tensor([s.seq.num_computed_tokens for s in packed])
-        ids = torch.tensor(list(chain.from_iterable(
-            s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens + s.num_tokens] for s in packed)))
+        ids = torch.tensor(
+            list(
+                chain.from_iterable(
+                    s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens +
+                                    s.num_tokens] for s in packed)))
         ends = counts.cumsum(0)
         row = torch.repeat_interleave(torch.arange(len(packed)), counts)
         positions = firsts[row] + torch.arange(len(ids)) - (ends - counts)[row]
@@ -101,23 +115,28 @@ class ModelRunner:
         dev = torch.cat(host).to(self.device, non_blocking=True).split([len(t) for t in host])
         ids_d, positions_d, slots_d, sample_d, tables_d, start_d, lens_d = dev
         tables_d = tables_d.view(tables.shape).to(torch.int32)
-        spans = [PrefillSpan(int(ends[i] - counts[i]), int(counts[i]), int(lens[i]), s.seq.block_ids)
-                 for i, s in enumerate(packed[:num_prefill])]
+        spans = [
+            PrefillSpan(int(ends[i] - counts[i]), int(counts[i]), int(lens[i]), s.seq.block_ids)
+            for i, s in enumerate(packed[:num_prefill])
+        ]
         meta = AttentionMetadata(
-            slot_mapping=slots_d, num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0,
+            slot_mapping=slots_d,
+            num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0,
             prefill_spans=spans, prefill_block_tables=tables_d[:num_prefill],
-            prefill_query_start_loc=start_d.to(torch.int32), prefill_context_lens=lens_d[:num_prefill].to(torch.int32),
-            decode_block_tables=tables_d[num_prefill:], decode_context_lens=lens_d[num_prefill:].to(torch.int32))
+            prefill_query_start_loc=start_d.to(torch.int32),
+            prefill_context_lens=lens_d[:num_prefill].to(torch.int32),
+            decode_block_tables=tables_d[num_prefill:],
+            decode_context_lens=lens_d[num_prefill:].to(torch.int32))
         if self.attention.backend == "torch":
             decodes = packed[num_prefill:]
-            meta.torch_plan = plan_torch(slots_d, [s.seq.block_ids for s in decodes], lens[num_prefill:].tolist(), bs,
-                                         self.block_bytes)
+            meta.torch_plan = plan_torch(slots_d, [s.seq.block_ids for s in decodes],
+                                         lens[num_prefill:].tolist(), bs, self.block_bytes)
         return ids_d, positions_d, meta, sample_d
 
 
 def bucketed_decode(device: torch.device, backend: str) -> bool:
-    """Decode steps go through the graph buffers on CUDA with the Triton attention (whose decode kernel reads its
-    lengths on the device), captured or not (enforce_eager)."""
+    """Decode steps go through the graph buffers on CUDA with the Triton attention (whose decode
+    kernel reads its lengths on the device), captured or not (enforce_eager)."""
     if device.type != "cuda":
         return False
     if backend != "triton":

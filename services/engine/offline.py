@@ -1,5 +1,6 @@
-"""Offline serving of OpenAI-shaped requests: all of them go to one engine at once and run to completion together,
-so continuous batching packs them; a request with n > 1 is n engine requests."""
+"""Offline serving of OpenAI-shaped requests: all of them go to one engine at once and run to
+completion together, so continuous batching packs them; a request with n > 1 is n engine
+requests."""
 from __future__ import annotations
 
 import logging
@@ -27,25 +28,29 @@ class _Submitted:
 def _submit(engine: LLMEngine, url: str, body: Any) -> _Submitted:
     request = parse_request(url, body)
     if request.stream:
-        raise ProtocolError("stream=true is not supported for offline (batch) requests", param="stream")
-    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len, engine.config.max_logprobs,
-                          engine.model_config.vocab_size)
+        raise ProtocolError("stream=true is not supported for offline (batch) requests",
+                            param="stream")
+    inp = to_engine_input(request, engine.tokenizer, engine.max_model_len,
+                          engine.config.max_logprobs, engine.model_config.vocab_size)
     response_id = new_response_id(request)
     engine_ids = [f"{response_id}-{i}" for i in range(inp.n)]
     try:
         for i, engine_id in enumerate(engine_ids):
-            engine.add_request(engine_id, inp.prompt_token_ids, inp.params.for_choice(i), priority=inp.priority,
-                               cache_salt=inp.cache_salt)
+            engine.add_request(engine_id, inp.prompt_token_ids, inp.params.for_choice(i),
+                               priority=inp.priority, cache_salt=inp.cache_salt)
     except ValueError as e:
-        # The engine refuses what it can never serve (e.g. more KV than it holds); drop the choices already in.
+        # The engine refuses what it can never serve (e.g. more KV than it holds); drop the choices
+        # already in.
         for engine_id in engine_ids:
             engine.abort_request(engine_id)
         raise ProtocolError(str(e)) from None
     return _Submitted(request, response_id, engine_ids)
 
 
-def run_requests(engine: LLMEngine, requests: list[tuple[str, Any]]) -> list[dict[str, Any] | ProtocolError]:
-    """Serves (url, body) pairs; each result is a response body or the ProtocolError that refused it, in order."""
+def run_requests(engine: LLMEngine,
+                 requests: list[tuple[str, Any]]) -> list[dict[str, Any] | ProtocolError]:
+    """Serves (url, body) pairs; each result is a response body or the ProtocolError that refused
+    it, in order."""
     results: list[dict[str, Any] | ProtocolError | _Submitted] = []
     by_engine_id: dict[str, _Submitted] = {}
     for url, body in requests:

@@ -1,9 +1,10 @@
-"""Prompt logprobs (vLLM's `prompt_logprobs`, OpenAI's `echo` with `logprobs`): the logprob of every prompt token
-given its prefix, computed from the hidden states a prefill step already produces.
+"""Prompt logprobs (vLLM's `prompt_logprobs`, OpenAI's `echo` with `logprobs`): the logprob of every
+prompt token given its prefix, computed from the hidden states a prefill step already produces.
 
-A request that asks for them must have every prompt position run through the model, so the scheduler gives it no
-prefix-cache hits (as vLLM does): recomputing a cached prefix is simple and always correct, while keeping logits
-next to cached blocks would cost memory for every cached prompt to serve the few requests that ask.
+A request that asks for them must have every prompt position run through the model, so the scheduler
+gives it no prefix-cache hits (as vLLM does): recomputing a cached prefix is simple and always
+correct, while keeping logits next to cached blocks would cost memory for every cached prompt to
+serve the few requests that ask.
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import torch
 from baton.services.common.outputs import TokenLogprobs
 from baton.services.engine.scheduler import ScheduledSeq
 
-# Rows of logits materialised at once: a long chunk times a large vocabulary would not fit otherwise.
+# Rows of logits materialised at once: a long chunk times a large vocabulary would not fit
+# otherwise.
 ROWS_PER_SLICE = 256
 
 
 def _pending_positions(item: ScheduledSeq) -> range:
-    """Positions of this step whose next token is a prompt token not yet scored. Position p predicts p + 1;
-    a recompute after preemption skips what an earlier pass already recorded."""
+    """Positions of this step whose next token is a prompt token not yet scored. Position p predicts
+    p + 1; a recompute after preemption skips what an earlier pass already recorded."""
     seq, first = item.seq, item.seq.num_computed_tokens
     start = max(first, len(seq.prompt_logprobs) - 1)
     end = min(first + item.num_tokens, seq.num_prompt_tokens - 1)
@@ -32,7 +34,9 @@ def _score(logprobs: torch.Tensor, targets: torch.Tensor, k: int) -> list[TokenL
     ranks = (logprobs > chosen).sum(dim=1) + 1
     top = logprobs.topk(k, dim=1) if k > 0 else None
     result = []
-    for i, (token, value, rank) in enumerate(zip(targets.tolist(), chosen.squeeze(1).tolist(), ranks.tolist())):
+    for i, (token, value,
+            rank) in enumerate(zip(targets.tolist(),
+                                   chosen.squeeze(1).tolist(), ranks.tolist())):
         best = {} if top is None else dict(zip(top.indices[i].tolist(), top.values[i].tolist()))
         result.append(TokenLogprobs(token_id=token, logprob=value, rank=rank, top=best))
     return result
@@ -40,7 +44,8 @@ def _score(logprobs: torch.Tensor, targets: torch.Tensor, k: int) -> list[TokenL
 
 def score_prompts(packed: list[ScheduledSeq], hidden: torch.Tensor,
                   compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Appends to each asking sequence's `prompt_logprobs` the entries this step's hidden states give.
+    """Appends to each asking sequence's `prompt_logprobs` the entries this step's hidden states
+    give.
     packed: the step's items in the order their tokens sit in hidden."""
     offset = 0
     for item in packed:

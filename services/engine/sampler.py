@@ -1,8 +1,9 @@
-"""Turns one step's logits into next tokens: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
+"""Turns one step's logits into next tokens: penalties, temperature, top-k/top-p/min-p, seeds,
+logprobs.
 
-Rows are handled in groups so that common batches (all greedy, no penalties) cost one argmax. Random draws use
-the exponential-race form (argmax of p / E, E ~ Exp(1)), which lets a seeded request draw from its own
-generator and reproduce its output whatever else shares the batch.
+Rows are handled in groups so that common batches (all greedy, no penalties) cost one argmax. Random
+draws use the exponential-race form (argmax of p / E, E ~ Exp(1)), which lets a seeded request draw
+from its own generator and reproduce its output whatever else shares the batch.
 """
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
             seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
             seen[torch.tensor(seq.token_ids, device=logits.device)] = True
             values = logits[row]
-            penalized = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+            penalized = torch.where(values > 0, values / p.repetition_penalty,
+                                    values * p.repetition_penalty)
             logits[row] = torch.where(seen, penalized, values)
         if p.frequency_penalty or p.presence_penalty:
             out = seq.output_token_ids
             if out:
-                counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=vocab).to(logits.dtype)
-                logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+                counts = torch.bincount(torch.tensor(out, device=logits.device),
+                                        minlength=vocab).to(logits.dtype)
+                logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(
+                    logits.dtype)
 
 
 def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -44,12 +48,13 @@ def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     if rows:
         dev = logits.device
         index = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
-        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=dev), accumulate=True)
+        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=dev),
+                          accumulate=True)
 
 
 def _block_early_stop(logits: torch.Tensor, seqs: list[Sequence], eos_ids: frozenset[int]) -> None:
-    """min_tokens: the stop tokens cannot be drawn until enough tokens exist. A grammar decides alone where its
-    output ends: blocking the end it allows could leave no token at all."""
+    """min_tokens: the stop tokens cannot be drawn until enough tokens exist. A grammar decides
+    alone where its output ends: blocking the end it allows could leave no token at all."""
     for row, seq in enumerate(seqs):
         p = seq.params
         if seq.num_output_tokens < p.min_tokens and seq.grammar is None:
@@ -60,7 +65,8 @@ def _block_early_stop(logits: torch.Tensor, seqs: list[Sequence], eos_ids: froze
 
 def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p, returning probabilities."""
-    temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype, device=logits.device)
+    temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype,
+                         device=logits.device)
     logits = logits / temps.unsqueeze(1)
     top_ks = [s.params.top_k for s in seqs]
     if any(k > 0 for k in top_ks):
@@ -74,7 +80,8 @@ def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         top_ps = top_ps.to(logits.device)
         sorted_logits, order = logits.sort(dim=1, descending=True)
         cumulative = sorted_logits.softmax(dim=1).cumsum(dim=1)
-        # Drop a token when the mass strictly before it already reaches top_p; the best token always stays.
+        # Drop a token when the mass strictly before it already reaches top_p; the best token always
+        # stays.
         drop_sorted = (cumulative - sorted_logits.softmax(dim=1)) >= top_ps.unsqueeze(1)
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
@@ -91,15 +98,18 @@ def _draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator)
     noise = torch.empty_like(probs).exponential_(generator=generator)
     for row, seq in enumerate(seqs):
         if seq.generator is not None:
-            # A seeded request's generator is a CPU one: drawing there and copying keeps its stream the same
-            # whatever device the logits are on.
-            noise[row].copy_(torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(generator=seq.generator))
+            # A seeded request's generator is a CPU one: drawing there and copying keeps its stream
+            # the same whatever device the logits are on.
+            noise[row].copy_(
+                torch.empty(probs.shape[1],
+                            dtype=probs.dtype).exponential_(generator=seq.generator))
     return (probs / noise).argmax(dim=1)
 
 
 def skip_draws(seq: Sequence, vocab_size: int, num_tokens: int) -> None:
-    """Advances a seeded request's generator past tokens sampled elsewhere (a hand-off or a migration), so it
-    draws next what it would have drawn had it stayed on one worker: `_draw` spends one row of noise per token."""
+    """Advances a seeded request's generator past tokens sampled elsewhere (a hand-off or a
+    migration), so it draws next what it would have drawn had it stayed on one worker: `_draw`
+    spends one row of noise per token."""
     if seq.generator is not None and not seq.params.greedy:
         for _ in range(num_tokens):
             torch.empty(vocab_size).exponential_(generator=seq.generator)
@@ -109,17 +119,21 @@ def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
     token = int(chosen)
     value = raw[token]
     top = raw.topk(k) if k > 0 else None
-    return TokenLogprobs(token_id=token, logprob=float(value), rank=int((raw > value).sum()) + 1,
-                         top={} if top is None else dict(zip(top.indices.tolist(), top.values.tolist())))
+    return TokenLogprobs(
+        token_id=token, logprob=float(value), rank=int((raw > value).sum()) + 1,
+        top={} if top is None else dict(zip(top.indices.tolist(), top.values.tolist())))
 
 
-@torch.inference_mode()  # the runner's logits are inference tensors, which only update in place in this mode
+# the runner's logits are inference tensors, which only update in place in this mode
+@torch.inference_mode()
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator,
-           eos_ids: frozenset[int], masks: BatchMasks | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
-    """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row logprobs.
+           eos_ids: frozenset[int],
+           masks: BatchMasks | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """logits: [len(seqs), vocab] float32 (modified in place). Returns token ids and per-row
+    logprobs.
 
-    masks: the grammar masks of the constrained rows, applied before temperature and the filters so these only
-    ever choose among tokens the grammar allows."""
+    masks: the grammar masks of the constrained rows, applied before temperature and the filters so
+    these only ever choose among tokens the grammar allows."""
     want_logprobs = [s.params.logprobs is not None for s in seqs]
     # Logprobs describe the model's own distribution, before penalties and filters (vLLM's default).
     raw = logits.log_softmax(dim=1) if any(want_logprobs) else None

@@ -1,7 +1,8 @@
 """Iteration-level continuous batching under one token budget per step.
 
-Each step first advances running sequences (decodes, then unfinished prefill chunks), preempting by recompute
-when blocks run out, then admits waiting sequences, highest priority first and FCFS within a priority.
+Each step first advances running sequences (decodes, then unfinished prefill chunks), preempting by
+recompute when blocks run out, then admits waiting sequences, highest priority first and FCFS within
+a priority.
 """
 from __future__ import annotations
 
@@ -49,12 +50,14 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add_running(self, seq: Sequence) -> None:
-        """Joins a sequence whose KV is already in place (a hand-off's receiver) straight into the batch."""
+        """Joins a sequence whose KV is already in place (a hand-off's receiver) straight into the
+        batch."""
         seq.status = Status.RUNNING
         self.running.append(seq)
 
     def remove(self, seq: Sequence, free_blocks: bool = True) -> None:
-        """Takes a sequence out of the queues (finished or aborted) and, unless told not to, frees its blocks."""
+        """Takes a sequence out of the queues (finished or aborted) and, unless told not to, frees
+        its blocks."""
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
         elif seq.status == Status.WAITING:
@@ -66,7 +69,8 @@ class Scheduler:
     def prefill_tokens_queued(self) -> int:
         """Prompt tokens admitted but not yet computed: the prefill work ahead of a new request."""
         waiting = sum(s.num_tokens - s.num_computed_tokens for s in self.waiting)
-        return waiting + sum(r for s in self.running if (r := s.num_tokens - s.num_computed_tokens) > 1)
+        return waiting + sum(
+            r for s in self.running if (r := s.num_tokens - s.num_computed_tokens) > 1)
 
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
@@ -78,9 +82,10 @@ class Scheduler:
         return scheduled
 
     def _schedule_running(self, scheduled: list[ScheduledSeq], budget: int) -> bool:
-        """Serves running sequences, decodes before prefill chunks (each best-first), so a long prompt's chunk
-        never takes the budget from streams already generating. Victims of preemption come from the tail of the
-        running list and are never sequences already scheduled this step."""
+        """Serves running sequences, decodes before prefill chunks (each best-first), so a long
+        prompt's chunk never takes the budget from streams already generating. Victims of preemption
+        come from the tail of the running list and are never sequences already scheduled this
+        step."""
         self.running.sort(key=Sequence.sort_key)
         order = sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1)
         taken: set[int] = set()
@@ -91,7 +96,8 @@ class Scheduler:
             if seq.status != Status.RUNNING:  # preempted earlier in this step
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.blocks.can_grow(seq, seq.num_computed_tokens + n) and seq.status == Status.RUNNING:
+            while not self.blocks.can_grow(
+                    seq, seq.num_computed_tokens + n) and seq.status == Status.RUNNING:
                 self._preempt(next(s for s in reversed(self.running) if id(s) not in taken))
                 preempted = True
             if seq.status != Status.RUNNING:

@@ -19,16 +19,19 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    """Prompt plus generated tokens; the scheduler advances `num_computed_tokens` through them chunk by chunk."""
+    """Prompt plus generated tokens; the scheduler advances `num_computed_tokens` through them chunk
+    by chunk."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                 priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                 output_token_ids: list[int] | None = None, hold_kv: bool = False) -> None:
+                 priority: int = 0, cache_salt: str | None = None,
+                 arrival_time: float | None = None, output_token_ids: list[int] | None = None,
+                 hold_kv: bool = False) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         # prompt + output; output may start non-empty when a request continues elsewhere (migration)
         self.token_ids = list(prompt_token_ids) + list(output_token_ids or ())
-        # Keep the KV blocks after finishing, for a decode worker to pull (the prefill side of a hand-off).
+        # Keep the KV blocks after finishing, for a decode worker to pull (the prefill side of a
+        # hand-off).
         self.hold_kv = hold_kv
         self.params = params
         self.priority = priority
@@ -36,16 +39,19 @@ class Sequence:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = Status.WAITING
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0  # prompt tokens that came from the prefix cache on first admission
+        # prompt tokens that came from the prefix cache on first admission
+        self.num_cached_tokens = 0
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # keys of this sequence's full blocks, computed lazily
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
-        # Set by the engine for a request with a structured_output: where its output stands in the grammar.
+        # Set by the engine for a request with a structured_output: where its output stands in the
+        # grammar.
         self.grammar: GrammarState | None = None
-        # Entry i scores prompt token i given tokens before it; the first prompt token has no prefix to score by.
+        # Entry i scores prompt token i given tokens before it; the first prompt token has no prefix
+        # to score by.
         self.prompt_logprobs: list[TokenLogprobs | None] | None = \
             [None] if params.prompt_logprobs is not None else None
         self.prompt_logprobs_sent = False
@@ -80,7 +86,8 @@ class Sequence:
         return self.status == Status.FINISHED
 
     def full_block_hashes(self, block_size: int, model_id: str) -> list[int]:
-        """Keys of every full block of token_ids, extending the memoized chain as the sequence grows."""
+        """Keys of every full block of token_ids, extending the memoized chain as the sequence
+        grows."""
         have = len(self.block_hashes)
         if have < self.num_tokens // block_size:
             parent = self.block_hashes[-1] if have else None

@@ -1,6 +1,7 @@
-"""The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions, /v1/chat/completions, /health, /ready,
-/metrics and /openapi.json. Each request is authenticated, rate-limited, tokenized, and its n choices are served
-through the orchestrator (router placement, prefill, hand-off, decode)."""
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions, /v1/chat/completions,
+/health, /ready, /metrics and /openapi.json. Each request is authenticated, rate-limited, tokenized,
+and its n choices are served through the orchestrator (router placement, prefill, hand-off,
+decode)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest, ProtocolError,
-                                                   new_response_id, parse_request, to_engine_input)
+from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest,
+                                                   ProtocolError, new_response_id, parse_request,
+                                                   to_engine_input)
 from baton.services.common.openai_render import build_response
 from baton.services.common.tool_parsers import ToolParser
 from baton.services.gateway.choices import ChoiceState
@@ -42,7 +44,8 @@ class Gateway:
     metrics: GatewayMetrics
     registry: CollectorRegistry
     limiter: RateLimiter
-    tool_parser: ToolParser | None = None  # the model family's tool-call format, for auto tool_choice
+    # the model family's tool-call format, for auto tool_choice
+    tool_parser: ToolParser | None = None
     draining: bool = False
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
 
@@ -52,11 +55,18 @@ class Gateway:
 
 
 def _schema(model: type) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}}
+        }
+    }
 
 
 # A completion answers with JSON, or with server-sent events when the request streams.
-_BODIES: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+_BODIES: dict[int | str,
+              dict[str,
+                   Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -66,8 +76,12 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": gateway.model_name, "object": "model", "created": 0,
-                                            "owned_by": "baton", "max_model_len": gateway.max_model_len}]}
+        return {
+            "object": "list", "data": [{
+                "id": gateway.model_name, "object": "model", "created": 0, "owned_by": "baton",
+                "max_model_len": gateway.max_model_len
+            }]
+        }
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -87,7 +101,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _serve(gateway, serving, request, "/v1/completions")
 
-    @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest), responses=_BODIES)
+    @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest),
+              responses=_BODIES)
     async def chat_completions(request: Request) -> Response:
         return await _serve(gateway, serving, request, "/v1/chat/completions")
 
@@ -117,14 +132,17 @@ async def _read_json(request: Request) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ProtocolError(f"the request body is not valid UTF-8: {e}", code="invalid_encoding") from None
+        raise ProtocolError(f"the request body is not valid UTF-8: {e}",
+                            code="invalid_encoding") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ProtocolError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        raise ProtocolError(f"the request body is not valid JSON: {e}",
+                            code="invalid_json") from None
 
 
-async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str, started: float) -> Response:
+async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str,
+                  started: float) -> Response:
     body = await _read_json(request)
     tenant = gateway.keys.tenant_for(request.headers.get("authorization")) if gateway.keys else \
         gateway.default_tenant()
@@ -132,15 +150,16 @@ async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str
     if oai.model is not None and oai.model != gateway.model_name:
         return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
                                    f"`{gateway.model_name}`", "model_not_found", param="model")
-    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len, gateway.config.max_logprobs,
-                          gateway.vocab_size)
+    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len,
+                          gateway.config.max_logprobs, gateway.vocab_size)
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
                           len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
     api = ApiRequest(oai, inp, tenant, new_response_id(oai), started, _trace_headers(request))
-    log.debug("request %s: %d prompt tokens, n=%d, tenant %s", api.response_id, len(inp.prompt_token_ids),
-              inp.n, tenant.name)
+    log.debug("request %s: %d prompt tokens, n=%d, tenant %s", api.response_id,
+              len(inp.prompt_token_ids), inp.n, tenant.name)
     if oai.stream:
-        first = await serving.start(api)  # placement errors become HTTP statuses before the stream opens
+        # placement errors become HTTP statuses before the stream opens
+        first = await serving.start(api)
         return StreamingResponse(serving.stream(api, first), media_type="text/event-stream")
     return JSONResponse(await _collect(serving, api, request))
 

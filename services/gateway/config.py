@@ -30,29 +30,43 @@ def parse_slos(spec: str) -> dict[int, SLO]:
 
 class GatewayConfig(BatonSettings):
     host: str = Field("127.0.0.1", description="Address the HTTP server listens on")
-    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port, printed at start)")
+    port: int = Field(8000, ge=0, le=65535,
+                      description="HTTP port (0: any free port, printed at start)")
     router: str = Field("127.0.0.1:50050", description="host:port of the router's gRPC service")
-    model: str | None = Field(None, description="Checkpoint folder for the tokenizer and chat template "
-                                                "(unset: the embedded tiny model)")
+    model: str | None = Field(
+        None, description="Checkpoint folder for the tokenizer and chat template "
+        "(unset: the embedded tiny model)")
     served_model_name: str | None = Field(
-        None, description="Model name clients use; must match the workers' (default: the folder's name)")
-    max_model_len: int | None = Field(None, ge=1, description="Context length (default: the model's)")
+        None,
+        description="Model name clients use; must match the workers' (default: the folder's name)")
+    max_model_len: int | None = Field(None, ge=1,
+                                      description="Context length (default: the model's)")
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
     api_keys_file: str | None = Field(
-        None, description="YAML/JSON file of tenants and their API keys (a Kubernetes Secret in a cluster)")
-    auth: bool = Field(True, description="Require an API key; off serves everyone as the default tenant")
+        None,
+        description="YAML/JSON file of tenants and their API keys (a Kubernetes Secret in a "
+                    "cluster)"
+    )
+    auth: bool = Field(True,
+                       description="Require an API key; off serves everyone as the default tenant")
     default_requests_per_minute: int | None = Field(
         None, ge=1, description="Request rate limit of the default tenant (unset: none)")
     default_tokens_per_minute: int | None = Field(
-        None, ge=1, description="Token rate limit (prompt + max_tokens) of the default tenant (unset: none)")
+        None, ge=1,
+        description="Token rate limit (prompt + max_tokens) of the default tenant (unset: none)")
     max_migrations: int = Field(
-        2, ge=0, description="How often a request may move to another decode worker after one dies mid-stream")
+        2, ge=0,
+        description="How often a request may move to another decode worker after one dies "
+                    "mid-stream"
+    )
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = Field(
-        "auto", description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "
-                            "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), 'auto' "
-                            "(from the chat template and model family) or 'none' (never)")
-    slos: str = Field("0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; "
-                                                "a priority without one uses the nearest lower priority's")
+        "auto",
+        description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "
+        "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), 'auto' "
+        "(from the chat template and model family) or 'none' (never)")
+    slos: str = Field(
+        "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; "
+        "a priority without one uses the nearest lower priority's")
 
     @field_validator("slos")
     @classmethod

@@ -1,4 +1,5 @@
-"""OpenAI-shaped error responses: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+"""OpenAI-shaped error responses: `{"error": {"message", "type", "param", "code"}}` with the right
+status."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,8 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
                    retry_after_s: float | None = None) -> JSONResponse:
     kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
         status, "invalid_request_error" if status < 500 else "server_error")
-    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s is not None else None
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))
+               } if retry_after_s is not None else None
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status, headers=headers)
 

@@ -1,7 +1,9 @@
-"""The gateway's Prometheus metrics: client-facing latencies, SLO attainment and goodput, per-tenant metering.
+"""The gateway's Prometheus metrics: client-facing latencies, SLO attainment and goodput, per-tenant
+metering.
 
-Goodput is counted as tokens delivered by requests that met both their TTFT and TPOT targets (DistServe's
-definition, per request); attainment is `baton_slo_requests_total{met="true"}` over all. docs/metrics.md lists them.
+Goodput is counted as tokens delivered by requests that met both their TTFT and TPOT targets
+(DistServe's definition, per request); attainment is `baton_slo_requests_total{met="true"}` over
+all. docs/metrics.md lists them.
 """
 from __future__ import annotations
 
@@ -10,40 +12,49 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from baton.services.common.latency_buckets import E2E_BUCKETS
 from baton.services.gateway.config import SLO
 
-# The SLO histograms: four buckets per doubling from 1 ms to 262 s. A quantile interpolated inside a bucket is then
-# off by at most 19% of its value and typically a few percent, where vLLM's buckets (kept on the workers, for its
-# dashboards) are 25-50 ms wide at the latencies small models and CPUs give, too coarse to check an SLO against.
+# The SLO histograms: four buckets per doubling from 1 ms to 262 s. A quantile interpolated inside a
+# bucket is then off by at most 19% of its value and typically a few percent, where vLLM's buckets
+# (kept on the workers, for its dashboards) are 25-50 ms wide at the latencies small models and CPUs
+# give, too coarse to check an SLO against.
 LATENCY_BUCKETS = tuple(round(0.001 * 2 ** (i / 4), 6) for i in range(73))
 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("baton_gateway_requests", "HTTP requests answered, by endpoint and status",
+        self.requests = Counter("baton_gateway_requests",
+                                "HTTP requests answered, by endpoint and status",
                                 ["endpoint", "status"], registry=registry)
-        self.ttft = Histogram("baton_gateway_time_to_first_token_seconds",
-                              "Client-facing time to first token (arrival at the gateway to first token sent)",
-                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.ttft = Histogram(
+            "baton_gateway_time_to_first_token_seconds",
+            "Client-facing time to first token (arrival at the gateway to first token sent)",
+            buckets=LATENCY_BUCKETS, registry=registry)
         self.itl = Histogram("baton_gateway_inter_token_latency_seconds",
                              "Client-facing time between streamed tokens", buckets=LATENCY_BUCKETS,
                              registry=registry)
         self.tpot = Histogram("baton_gateway_time_per_output_token_seconds",
-                              "Per request: (E2E - TTFT) / (output tokens - 1)", buckets=LATENCY_BUCKETS,
-                              registry=registry)
-        self.e2e = Histogram("baton_gateway_e2e_request_latency_seconds", "Client-facing end-to-end latency",
-                             buckets=E2E_BUCKETS, registry=registry)
-        self.slo = Counter("baton_slo_requests", "Finished requests, by priority and whether they met the SLO",
+                              "Per request: (E2E - TTFT) / (output tokens - 1)",
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.e2e = Histogram("baton_gateway_e2e_request_latency_seconds",
+                             "Client-facing end-to-end latency", buckets=E2E_BUCKETS,
+                             registry=registry)
+        self.slo = Counter("baton_slo_requests",
+                           "Finished requests, by priority and whether they met the SLO",
                            ["priority", "met"], registry=registry)
-        self.goodput = Counter("baton_goodput_tokens", "Output tokens of requests that met their SLO",
-                               ["priority"], registry=registry)
-        self.prompt_tokens = Counter("baton_tenant_prompt_tokens", "Prompt tokens served, per tenant", ["tenant"],
+        self.goodput = Counter("baton_goodput_tokens",
+                               "Output tokens of requests that met their SLO", ["priority"],
+                               registry=registry)
+        self.prompt_tokens = Counter("baton_tenant_prompt_tokens",
+                                     "Prompt tokens served, per tenant", ["tenant"],
                                      registry=registry)
-        self.completion_tokens = Counter("baton_tenant_completion_tokens", "Completion tokens served, per tenant",
-                                         ["tenant"], registry=registry)
-        self.rejections = Counter("baton_gateway_rejections", "Requests refused, by reason", ["reason"],
-                                  registry=registry)
-        self.migrations = Counter("baton_gateway_migrations", "Streams moved to another decode worker",
-                                  registry=registry)
-        self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served", registry=registry)
+        self.completion_tokens = Counter("baton_tenant_completion_tokens",
+                                         "Completion tokens served, per tenant", ["tenant"],
+                                         registry=registry)
+        self.rejections = Counter("baton_gateway_rejections", "Requests refused, by reason",
+                                  ["reason"], registry=registry)
+        self.migrations = Counter("baton_gateway_migrations",
+                                  "Streams moved to another decode worker", registry=registry)
+        self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served",
+                               registry=registry)
 
     def finish_choice(self, priority: int, slo: SLO | None, ttft_s: float | None, e2e_s: float,
                       tokens: int) -> None:

@@ -1,6 +1,6 @@
-"""Serves one choice of a request on the workers: ask the router for a placement, run prefill then decode (or
-local prefill) through the hand-off client, and migrate to another decode worker when one dies mid-stream,
-continuing after the tokens already streamed so nothing is duplicated or lost."""
+"""Serves one choice of a request on the workers: ask the router for a placement, run prefill then
+decode (or local prefill) through the hand-off client, and migrate to another decode worker when one
+dies mid-stream, continuing after the tokens already streamed so nothing is duplicated or lost."""
 from __future__ import annotations
 
 import asyncio
@@ -15,17 +15,21 @@ from baton.services.common.handoff_client import stream_tokens
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
-# A worker that died or vanished mid-call; anything else (a bad request, a refusal) is not retried elsewhere.
+# A worker that died or vanished mid-call; anything else (a bad request, a refusal) is not retried
+# elsewhere.
 WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class Refused(Exception):
-    """The router or a worker refused the request; carries the HTTP status and Retry-After to answer with."""
+    """The router or a worker refused the request; carries the HTTP status and Retry-After to answer
+    with."""
 
-    def __init__(self, status: int, message: str, code: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
+        self.status, self.message, self.code = status, message, code
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -53,10 +57,12 @@ def _refusal(error: grpc.aio.AioRpcError) -> Refused:
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         trailing = dict(error.trailing_metadata() or ())
         retry_ms = trailing.get("retry-after-ms")
-        return Refused(429, details, "rate_limit_exceeded", float(retry_ms) / 1000 if retry_ms else 1.0)
+        return Refused(429, details, "rate_limit_exceeded",
+                       float(retry_ms) / 1000 if retry_ms else 1.0)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return Refused(400, details, "invalid_value")
-    return Refused(503, f"no worker can serve this request now: {details}", "service_unavailable", 1.0)
+    return Refused(503, f"no worker can serve this request now: {details}", "service_unavailable",
+                   1.0)
 
 
 class Orchestrator:
@@ -68,13 +74,16 @@ class Orchestrator:
     def worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
         stub = self._workers.get(address)
         if stub is None:
-            stub = self._workers[address] = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(address))
+            stub = self._workers[address] = worker_pb2_grpc.WorkerStub(
+                grpc.aio.insecure_channel(address))
         return stub
 
     async def place(self, choice: ChoiceRequest, tokens: list[int]) -> router_pb2.Placement:
-        request = router_pb2.PlaceRequest(
-            request_id=choice.request_id, prompt_token_ids=choice.prompt + tokens, tenant=choice.tenant,
-            cache_salt=choice.cache_salt, priority=choice.priority, max_tokens=choice.params.max_tokens)
+        request = router_pb2.PlaceRequest(request_id=choice.request_id,
+                                          prompt_token_ids=choice.prompt + tokens,
+                                          tenant=choice.tenant, cache_salt=choice.cache_salt,
+                                          priority=choice.priority,
+                                          max_tokens=choice.params.max_tokens)
         if choice.ttft_slo_ms is not None:
             request.ttft_slo_ms = int(choice.ttft_slo_ms)
         if choice.tpot_slo_ms is not None:
@@ -84,9 +93,10 @@ class Orchestrator:
         except grpc.aio.AioRpcError as e:
             raise _refusal(e) from None
 
-    async def run(self, choice: ChoiceRequest, progress: ChoiceProgress) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        """Yields the choice's messages in order. Raises Refused, or grpc.aio.AioRpcError when the stream broke
-        and may not move (migration off or used up)."""
+    async def run(self, choice: ChoiceRequest,
+                  progress: ChoiceProgress) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """Yields the choice's messages in order. Raises Refused, or grpc.aio.AioRpcError when the
+        stream broke and may not move (migration off or used up)."""
         placement = await self.place(choice, [])
         failed_worker = ""
         try:
@@ -104,9 +114,11 @@ class Orchestrator:
                             raise _refusal(e) from None
                         raise
                     failed_worker = placement.decode_worker_id
-                    log.warning("request %s: worker %s lost after %d tokens (%s); migrating", choice.request_id,
-                                failed_worker, len(progress.tokens), e.code().name)
-                    released, placement = placement, None  # released once, even if the new place() fails
+                    log.warning("request %s: worker %s lost after %d tokens (%s); migrating",
+                                choice.request_id, failed_worker, len(progress.tokens),
+                                e.code().name)
+                    # released once, even if the new place() fails
+                    released, placement = placement, None
                     await self._release(released, progress, failed_worker)
                     progress.migrations += 1
                     placement = await self.place(choice, progress.tokens)
@@ -120,17 +132,21 @@ class Orchestrator:
         meta = worker_pb2.RequestMeta(request_id=choice.request_id, priority=choice.priority,
                                       cache_salt=choice.cache_salt)
         decode = self.worker(placement.decode_address)
-        if tokens:  # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
-            request = worker_pb2.GenerateRequest(meta=meta, prompt_token_ids=choice.prompt, params=choice.params,
-                                                 output_token_ids=tokens)
+        # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
+        if tokens:
+            request = worker_pb2.GenerateRequest(meta=meta, prompt_token_ids=choice.prompt,
+                                                 params=choice.params, output_token_ids=tokens)
             request.params.ClearField("prompt_logprobs")  # the first message already carried them
             return decode.Generate(request, metadata=choice.metadata)
-        remote = placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and placement.prefill_address
+        remote = (placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and
+                  placement.prefill_address)
         prefill = self.worker(placement.prefill_address) if remote else None
         return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata)
 
-    async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str) -> None:
-        request = router_pb2.ReleaseRequest(lease_id=placement.lease_id, output_tokens=len(progress.tokens),
+    async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress,
+                       failed: str) -> None:
+        request = router_pb2.ReleaseRequest(lease_id=placement.lease_id,
+                                            output_tokens=len(progress.tokens),
                                             failed_worker_id=failed)
         try:
             await self.router.Release(request, timeout=5)

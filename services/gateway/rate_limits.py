@@ -1,7 +1,9 @@
-"""Per-tenant requests-per-minute and tokens-per-minute limits, as token buckets refilled continuously.
+"""Per-tenant requests-per-minute and tokens-per-minute limits, as token buckets refilled
+continuously.
 
-Tokens are charged up front (prompt plus max_tokens, the most the request can cost) and what it did not use is
-refunded when it ends, so a burst of long answers cannot overrun the limit while they are still streaming.
+Tokens are charged up front (prompt plus max_tokens, the most the request can cost) and what it did
+not use is refunded when it ends, so a burst of long answers cannot overrun the limit while they are
+still streaming.
 """
 from __future__ import annotations
 
@@ -59,9 +61,11 @@ class RateLimiter:
         for what, bucket, amount, limit in checks:
             wait = bucket.wait_for(amount)
             if wait == float("inf"):
-                raise RateLimited(f"this request needs {amount} {what} but the limit is {limit} per minute", 60.0)
+                raise RateLimited(
+                    f"this request needs {amount} {what} but the limit is {limit} per minute", 60.0)
             if wait > 0:
-                raise RateLimited(f"rate limit of {limit} {what} per minute reached; retry in {wait:.1f}s", wait)
+                raise RateLimited(
+                    f"rate limit of {limit} {what} per minute reached; retry in {wait:.1f}s", wait)
         for _, bucket, amount, _ in checks:
             bucket.take(amount)
 

@@ -31,25 +31,28 @@ def build_gateway(config: GatewayConfig) -> Gateway:
     keys = None
     if config.auth:
         if config.api_keys_file is None:
-            raise ValueError("auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
+            raise ValueError(
+                "auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
     model_config = load_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return Gateway(config=config, tokenizer=tokenizer,
-                   model_name=config.served_model_name or model_dir.name,
-                   max_model_len=context_length(model_config, config.max_model_len),
-                   vocab_size=model_config.vocab_size,
-                   orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
-                   metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
-                   tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
+    return Gateway(
+        config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
+        max_model_len=context_length(model_config,
+                                     config.max_model_len), vocab_size=model_config.vocab_size,
+        orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
+        metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
+        tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """The bound socket uvicorn serves on. Its proto must say TCP: asyncio sets TCP_NODELAY only on accepted
-    sockets whose proto is IPPROTO_TCP, and with Nagle on, a response written in two parts (headers, then body)
-    waits for the client's delayed ACK: 40 ms added to every refusal and every streamed chunk."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    """The bound socket uvicorn serves on. Its proto must say TCP: asyncio sets TCP_NODELAY only on
+    accepted sockets whose proto is IPPROTO_TCP, and with Nagle on, a response written in two parts
+    (headers, then body) waits for the client's delayed ACK: 40 ms added to every refusal and every
+    streamed chunk."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
@@ -61,13 +64,15 @@ async def serve(config: GatewayConfig) -> int:
     gateway = build_gateway(config)
     sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
         # The one line launchers and tests wait for.
-        print(f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
-              f"model={gateway.model_name}", flush=True)
+        print(
+            f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
+            f"model={gateway.model_name}", flush=True)
     await task
     return 0

@@ -1,5 +1,6 @@
-"""Runs an API request's n choices concurrently through the orchestrator, and turns their messages into a
-streamed SSE body or the parts of a final response; meters tokens, SLOs and goodput when each choice ends."""
+"""Runs an API request's n choices concurrently through the orchestrator, and turns their messages
+into a streamed SSE body or the parts of a final response; meters tokens, SLOs and goodput when each
+choice ends."""
 from __future__ import annotations
 
 import asyncio
@@ -40,7 +41,8 @@ class ApiRequest:
 
 @dataclass
 class Running:
-    """A request whose choices are being served: their events arrive on one queue as (index, message | error)."""
+    """A request whose choices are being served: their events arrive on one queue as (index, message
+    | error)."""
     api: ApiRequest
     states: list[ChoiceState]
     events: asyncio.Queue
@@ -56,22 +58,29 @@ class Serving:
         self.text_of = TokenText(gateway.tokenizer)
 
     def slo_for(self, priority: int) -> SLO | None:
-        """The target of the nearest priority at or below this one (a higher class inherits a lower's)."""
+        """The target of the nearest priority at or below this one (a higher class inherits a
+        lower's)."""
         eligible = [p for p in self.slos if p <= priority]
         return self.slos[max(eligible)] if eligible else None
 
     async def start(self, api: ApiRequest) -> Running:
-        """Starts every choice and waits for the first event, so a refusal is raised before any byte is sent."""
-        span = tracer.start_span("request", context=propagate.extract(api.trace_headers),
-                                 attributes={"baton.request_id": api.response_id, "baton.tenant": api.tenant.name,
-                                             "baton.prompt_tokens": len(api.inp.prompt_token_ids)})
+        """Starts every choice and waits for the first event, so a refusal is raised before any byte
+        is sent."""
+        span = tracer.start_span(
+            "request", context=propagate.extract(api.trace_headers), attributes={
+                "baton.request_id": api.response_id, "baton.tenant": api.tenant.name,
+                "baton.prompt_tokens": len(api.inp.prompt_token_ids)
+            })
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         logprobs = api.oai.logprobs_k()[1] is not None
         states = [ChoiceState(i, api.inp.prompt_token_ids, logprobs=[] if logprobs else None)
                   for i in range(api.inp.n)]
         events: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.ensure_future(self._run_choice(api, s, events, tuple(carrier.items()))) for s in states]
+        tasks = [
+            asyncio.ensure_future(self._run_choice(api, s, events, tuple(carrier.items())))
+            for s in states
+        ]
         running = Running(api, states, events, tasks, span)
         self.gateway.metrics.in_flight.inc()
         first = await events.get()
@@ -97,19 +106,22 @@ class Serving:
             salt = f"{salt}|{inp.cache_salt}"
         slo = self.slo_for(priority)
         choice = ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
-                               params_to_proto(inp.params.for_choice(state.index)), api.tenant.name, priority,
-                               salt, slo.ttft_ms if slo else None, slo.tpot_ms if slo else None, metadata)
+                               params_to_proto(inp.params.for_choice(state.index)), api.tenant.name,
+                               priority, salt, slo.ttft_ms if slo else None,
+                               slo.tpot_ms if slo else None, metadata)
         progress = ChoiceProgress()
         try:
             async for message in self.gateway.orchestrator.run(choice, progress):
                 events.put_nowait((state.index, message))
             events.put_nowait((state.index, _END))
         except Refused as e:
-            # A refusal is an answer, counted by code (baton_gateway_rejections_total), not a failure to log.
+            # A refusal is an answer, counted by code (baton_gateway_rejections_total), not a
+            # failure to log.
             log.debug("request %s: choice %d refused: %s", api.response_id, state.index, e.message)
             events.put_nowait((state.index, e))
         except grpc.aio.AioRpcError as e:
-            log.warning("request %s: choice %d failed: %s", api.response_id, state.index, e.details())
+            log.warning("request %s: choice %d failed: %s", api.response_id, state.index,
+                        e.details())
             events.put_nowait((state.index, e))
         finally:
             self._meter(api, state, progress, priority, slo)
@@ -118,7 +130,8 @@ class Serving:
                slo: SLO | None) -> None:
         metrics, tenant = self.gateway.metrics, api.tenant.name
         tokens = len(progress.tokens)
-        ttft = progress.first_token_at - api.started if progress.first_token_at is not None else None
+        ttft = (progress.first_token_at -
+                api.started if progress.first_token_at is not None else None)
         if ttft is not None:
             metrics.ttft.observe(ttft)
         metrics.finish_choice(priority, slo if state.finish_reason else None, ttft,
@@ -141,7 +154,8 @@ class Serving:
     async def stream(self, api: ApiRequest, running: Running) -> AsyncIterator[str]:
         writer = ChunkWriter(api.oai, api.response_id, self.gateway.model_name, self.text_of,
                              self.gateway.tool_parser)
-        last_token_at: dict[int, float] = {}  # per choice: n choices interleave, and ITL is a gap within one
+        # per choice: n choices interleave, and ITL is a gap within one
+        last_token_at: dict[int, float] = {}
         try:
             if writer.chat:
                 for state in running.states:
@@ -174,7 +188,8 @@ class Serving:
                 if isinstance(item, Refused):
                     raise item
                 if isinstance(item, grpc.aio.AioRpcError):
-                    raise Refused(503, f"a worker failed mid-request: {item.details()}", "worker_failed", 1.0)
+                    raise Refused(503, f"a worker failed mid-request: {item.details()}",
+                                  "worker_failed", 1.0)
                 if item is not _END:
                     running.states[index].add(item)
             return running.states
@@ -184,6 +199,14 @@ class Serving:
 
 def _error_event(error: Exception) -> dict[str, object]:
     if isinstance(error, Refused):
-        return {"error": {"message": error.message, "type": "server_error", "param": None, "code": error.code}}
+        return {
+            "error": {
+                "message": error.message, "type": "server_error", "param": None, "code": error.code
+            }
+        }
     message = f"the stream broke and could not move to another worker: {error.details()}"
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": "worker_failed"}}
+    return {
+        "error": {
+            "message": message, "type": "server_error", "param": None, "code": "worker_failed"
+        }
+    }

@@ -1,5 +1,5 @@
-"""API keys and tenants. Keys are read from a file (a mounted Kubernetes Secret) and kept only as SHA-256
-digests; each maps to a tenant with its priority, prefix-cache salt and rate limits.
+"""API keys and tenants. Keys are read from a file (a mounted Kubernetes Secret) and kept only as
+SHA-256 digests; each maps to a tenant with its priority, prefix-cache salt and rate limits.
 
 File format (YAML or JSON):
 

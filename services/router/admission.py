@@ -1,13 +1,16 @@
-"""Admission control: refuse early what cannot be served in time, queue the rest fairly while workers are full.
+"""Admission control: refuse early what cannot be served in time, queue the rest fairly while
+workers are full.
 
-- Priority is an integer; negative means sheddable (refused outright when every worker is saturated). On the
-  decode side (the router's TPOT check) each class has its own share of the TPOT SLO: sheddable requests stop
-  joining a decode batch first and critical (positive) ones last.
-- The queue is bounded in size and age. It serves the highest priority first; within a priority, the tenant that
-  has been served the fewest tokens (start-time fair queueing over tokens, so one tenant's long prompts cannot
-  crowd out another's short ones); within a tenant, the earliest deadline.
-- A request whose predicted TTFT misses its SLO is refused at once with a retry-after hint: serving it late would
-  spend capacity on an answer nobody waits for, and delay the requests that can still make theirs.
+- Priority is an integer; negative means sheddable (refused outright when every worker is
+  saturated). On the decode side (the router's TPOT check) each class has its own share of the TPOT
+  SLO: sheddable requests stop joining a decode batch first and critical (positive) ones last.
+- The queue is bounded in size and age. It serves the highest priority first; within a priority, the
+  tenant that has been served the fewest tokens (start-time fair queueing over tokens, so one
+  tenant's long prompts cannot crowd out another's short ones); within a tenant, the earliest
+  deadline.
+- A request whose predicted TTFT misses its SLO is refused at once with a retry-after hint: serving
+  it late would spend capacity on an answer nobody waits for, and delay the requests that can still
+  make theirs.
 """
 from __future__ import annotations
 
@@ -33,10 +36,12 @@ class QueuedRequest:
 
 
 class FairShare:
-    """Virtual time per tenant: tokens served / weight. A tenant that goes idle does not bank credit: when it has
-    work again it starts no earlier than the least-served tenant that stayed busy."""
+    """Virtual time per tenant: tokens served / weight. A tenant that goes idle does not bank
+    credit: when it has work again it starts no earlier than the least-served tenant that stayed
+    busy."""
 
-    def __init__(self, weights: dict[str, float] | None = None, default_weight: float = 1.0) -> None:
+    def __init__(self, weights: dict[str, float] | None = None,
+                 default_weight: float = 1.0) -> None:
         self.weights = dict(weights or {})
         self.default_weight = default_weight
         self._vtime: dict[str, float] = {}
@@ -45,10 +50,12 @@ class FairShare:
         return self._vtime.get(tenant, 0.0)
 
     def charge(self, tenant: str, tokens: float) -> None:
-        self._vtime[tenant] = self.vtime(tenant) + tokens / self.weights.get(tenant, self.default_weight)
+        self._vtime[tenant] = self.vtime(tenant) + tokens / self.weights.get(
+            tenant, self.default_weight)
 
     def catch_up(self, tenant: str, busy_tenants: list[str]) -> None:
-        floor = min((self.vtime(t) for t in busy_tenants), default=max(self._vtime.values(), default=0.0))
+        floor = min((self.vtime(t) for t in busy_tenants),
+                    default=max(self._vtime.values(), default=0.0))
         self._vtime[tenant] = max(self.vtime(tenant), floor)
 
 
@@ -68,10 +75,12 @@ class AdmissionQueue:
 
     def make(self, request_id: str, tenant: str, priority: int, cost_tokens: int, now: float,
              deadline: float = float("inf"), payload: Any = None) -> QueuedRequest:
-        return QueuedRequest(deadline, next(self._seq), request_id, tenant, priority, cost_tokens, now, payload)
+        return QueuedRequest(deadline, next(self._seq), request_id, tenant, priority, cost_tokens,
+                             now, payload)
 
     def push(self, item: QueuedRequest) -> tuple[bool, QueuedRequest | None]:
-        """(accepted, displaced): a full queue displaces its least urgent entry for a strictly higher priority."""
+        """(accepted, displaced): a full queue displaces its least urgent entry for a strictly
+        higher priority."""
         displaced = None
         if self._size >= self.max_size:
             victim = self._least_urgent()
@@ -84,7 +93,8 @@ class AdmissionQueue:
             self.fair_share.catch_up(item.tenant, list(band))
             band[item.tenant] = []
         heapq.heappush(band[item.tenant], item)
-        self._band_tokens[item.priority] = self._band_tokens.get(item.priority, 0) + item.cost_tokens
+        self._band_tokens[item.priority] = self._band_tokens.get(item.priority,
+                                                                 0) + item.cost_tokens
         self._size += 1
         return True, displaced
 
@@ -159,14 +169,20 @@ class Admission:
         hint = None if retry_after_s is None else self.retry.hint(retry_after_s)
         return Rejection(request_id, reason, message, hint)
 
-    def check_slo(self, request_id: str, predicted_ttft_s: float, slo_s: float | None) -> Rejection | None:
-        """Refuses when the prediction misses the SLO less its headroom (the predictor errs both ways, and a
-        request admitted at the edge lands late as often as not); retry after the excess has had time to drain."""
+    def check_slo(self, request_id: str, predicted_ttft_s: float,
+                  slo_s: float | None) -> Rejection | None:
+        """Refuses when the prediction misses the SLO less its headroom (the predictor errs both
+        ways, and a request admitted at the edge lands late as often as not); retry after the excess
+        has had time to drain."""
         if slo_s is None or predicted_ttft_s <= slo_s * self.slo_headroom:
             return None
-        return self.reject(request_id, RejectReason.TTFT_SLO,
-                           f"predicted time to first token {predicted_ttft_s:.3f}s exceeds the SLO of {slo_s:.3f}s "
-                           f"less {1 - self.slo_headroom:.0%} headroom", predicted_ttft_s - slo_s * self.slo_headroom)
+        return self.reject(
+            request_id, RejectReason.TTFT_SLO,
+            f"predicted time to first token {predicted_ttft_s:.3f}s exceeds the SLO of "
+            f"{slo_s:.3f}s "
+            f"less {1 - self.slo_headroom:.0%} headroom",
+            predicted_ttft_s - slo_s * self.slo_headroom)
 
     def observe_queue_time(self, item: QueuedRequest, now: float) -> None:
-        self.metrics.queue_time.labels(priority_class(item.priority)).observe(now - item.enqueued_at)
+        self.metrics.queue_time.labels(priority_class(item.priority)).observe(now -
+                                                                              item.enqueued_at)

@@ -1,12 +1,13 @@
-"""Conditional disaggregation: per request, prefill on the prefill pool then hand the KV off, or prefill in place
-on the decode worker (vLLM's and Dynamo's "conditional disagg").
+"""Conditional disaggregation: per request, prefill on the prefill pool then hand the KV off, or
+prefill in place on the decode worker (vLLM's and Dynamo's "conditional disagg").
 
-Remote prefill keeps long prompts from stalling the decode worker's running streams, but costs a queue at the pool
-and a KV transfer. So the prompt is computed locally when that is cheap (few uncached tokens, for example a follow-up
-turn whose history the decode worker already holds), or when the pool is backed up, the decode worker would start
-on it sooner, and it has KV room to spare; a decode worker short of KV would have to preempt its own streams to
-compute the prompt, so then the request waits for the pool instead. Without the "sooner", an overloaded pool
-pushes its whole backlog onto the decode workers, which then stall every stream they serve.
+Remote prefill keeps long prompts from stalling the decode worker's running streams, but costs a
+queue at the pool and a KV transfer. So the prompt is computed locally when that is cheap (few
+uncached tokens, for example a follow-up turn whose history the decode worker already holds), or
+when the pool is backed up, the decode worker would start on it sooner, and it has KV room to spare;
+a decode worker short of KV would have to preempt its own streams to compute the prompt, so then the
+request waits for the pool instead. Without the "sooner", an overloaded pool pushes its whole
+backlog onto the decode workers, which then stall every stream they serve.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class DisaggReason(str, enum.Enum):
 class DisaggPolicy:
     max_local_prefill_tokens: int  # at most this many uncached tokens are always computed in place
     max_prefill_queue_s: float  # past this predicted wait the pool counts as backed up
-    local_kv_headroom: float  # local prefill needs free KV blocks >= this x the blocks the prompt needs
+    # local prefill needs free KV blocks >= this x the blocks the prompt needs
+    local_kv_headroom: float
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,10 @@ class DisaggInputs:
     uncached_tokens: int  # prompt tokens the decode worker would compute itself
     decode_free_kv_blocks: int
     block_size: int
-    prefill_queue_s: float | None  # predicted wait at the chosen prefill worker; None when there is none
-    decode_queue_s: float = 0.0  # predicted wait for the prompt tokens already queued on the decode worker
+    # predicted wait at the chosen prefill worker; None when there is none
+    prefill_queue_s: float | None
+    # predicted wait for the prompt tokens already queued on the decode worker
+    decode_queue_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""Where workers come from when they do not register themselves: a static list, or the Kubernetes EndpointSlices
-of the worker Service (selected by label), watched so scale-ups and scale-downs reach the router within seconds.
+"""Where workers come from when they do not register themselves: a static list, or the Kubernetes
+EndpointSlices of the worker Service (selected by label), watched so scale-ups and scale-downs reach
+the router within seconds.
 
-Both produce the same thing: address -> draining. An endpoint that is terminating but still serving is a pod being
-scaled down: it finishes its work but gets nothing new.
+Both produce the same thing: address -> draining. An endpoint that is terminating but still serving
+is a pod being scaled down: it finishes its work but gets nothing new.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
-WATCH_TIMEOUT_S = 300  # the API server ends watches anyway; a bounded one re-lists on a known schedule
+# the API server ends watches anyway; a bounded one re-lists on a known schedule
+WATCH_TIMEOUT_S = 300
 RETRY_S = 2.0
 
 
@@ -41,9 +43,9 @@ def _slice_port(endpoint_slice: Any, port_name: str | None) -> int | None:
 
 
 def addresses_from_slices(slices: Iterable[Any], port_name: str | None) -> dict[str, bool]:
-    """The workers behind discovery.k8s.io/v1 EndpointSlice objects (the kubernetes client's models):
-    address -> draining. Endpoints neither ready nor serving are left out; per the API an unset condition means
-    ready."""
+    """The workers behind discovery.k8s.io/v1 EndpointSlice objects (the kubernetes client's
+    models): address -> draining. Endpoints neither ready nor serving are left out; per the API an
+    unset condition means ready."""
     out: dict[str, bool] = {}
     for endpoint_slice in slices:
         port = _slice_port(endpoint_slice, port_name)
@@ -62,8 +64,9 @@ def addresses_from_slices(slices: Iterable[Any], port_name: str | None) -> dict[
 
 
 class EndpointSliceWatcher:
-    """Lists then watches EndpointSlices on its own thread (the kubernetes client is synchronous) and calls
-    `publish` with the full address map after every change; on any error it waits and lists again."""
+    """Lists then watches EndpointSlices on its own thread (the kubernetes client is synchronous)
+    and calls `publish` with the full address map after every change; on any error it waits and
+    lists again."""
 
     def __init__(self, namespace: str, label_selector: str, port_name: str | None,
                  publish: Callable[[dict[str, bool]], None], api: Any = None) -> None:
@@ -95,7 +98,8 @@ class EndpointSliceWatcher:
         while not self._stop.is_set():
             try:
                 self._list_and_watch()
-            except Exception as e:  # the API server may be away for a while: keep the last view and retry
+            # the API server may be away for a while: keep the last view and retry
+            except Exception as e:
                 log.warning("EndpointSlice watch (%s, %s) failed: %s; retrying", self.namespace,
                             self.label_selector, e)
                 self._stop.wait(RETRY_S)
@@ -104,7 +108,8 @@ class EndpointSliceWatcher:
         from kubernetes import watch
 
         api = self._client()
-        listed = api.list_namespaced_endpoint_slice(self.namespace, label_selector=self.label_selector)
+        listed = api.list_namespaced_endpoint_slice(self.namespace,
+                                                    label_selector=self.label_selector)
         slices = {s.metadata.name: s for s in listed.items}
         self.publish(addresses_from_slices(slices.values(), self.port_name))
         stream = watch.Watch()

@@ -1,4 +1,5 @@
-"""The router's Prometheus metrics, created on a registry the caller owns (tests use a private one)."""
+"""The router's Prometheus metrics, created on a registry the caller owns (tests use a private
+one)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -29,7 +30,8 @@ class WorkerLoadRow:
 
 
 class _WorkerLoadCollector(Collector):
-    """Per-worker load as this router sees it, read at scrape time so decisions pay nothing for it."""
+    """Per-worker load as this router sees it, read at scrape time so decisions pay nothing for
+    it."""
 
     def __init__(self, rows: Callable[[], Iterable[WorkerLoadRow]]) -> None:
         self._rows = rows
@@ -37,15 +39,17 @@ class _WorkerLoadCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         families = {
             "queued_prefill_tokens": GaugeMetricFamily(
-                "baton_router_worker_queued_prefill_tokens", "Prompt tokens queued on the worker, incl. own placements",
-                labels=["worker"]),
+                "baton_router_worker_queued_prefill_tokens",
+                "Prompt tokens queued on the worker, incl. own placements", labels=["worker"]),
             "inflight_requests": GaugeMetricFamily(
-                "baton_router_worker_inflight_requests", "Requests on the worker, incl. own unreported placements",
-                labels=["worker"]),
-            "kv_utilization": GaugeMetricFamily(
-                "baton_router_worker_kv_utilization", "Used share of the worker's KV cache", labels=["worker"]),
-            "stats_age_s": GaugeMetricFamily(
-                "baton_router_worker_stats_age_seconds", "Age of the worker's last stats report", labels=["worker"]),
+                "baton_router_worker_inflight_requests",
+                "Requests on the worker, incl. own unreported placements", labels=["worker"]),
+            "kv_utilization": GaugeMetricFamily("baton_router_worker_kv_utilization",
+                                                "Used share of the worker's KV cache",
+                                                labels=["worker"]),
+            "stats_age_s": GaugeMetricFamily("baton_router_worker_stats_age_seconds",
+                                             "Age of the worker's last stats report",
+                                             labels=["worker"]),
         }
         for row in self._rows():
             for attr, family in families.items():
@@ -56,22 +60,26 @@ class _WorkerLoadCollector(Collector):
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.rejections = Counter("baton_router_rejections", "Requests refused, by reason", ["reason"],
-                                  registry=registry)
+        self.rejections = Counter("baton_router_rejections", "Requests refused, by reason",
+                                  ["reason"], registry=registry)
         for reason in RejectReason:
             self.rejections.labels(reason.value)
-        self.decisions = Counter("baton_router_decisions", "Placement decisions, by outcome and reason",
+        self.decisions = Counter("baton_router_decisions",
+                                 "Placement decisions, by outcome and reason",
                                  ["outcome", "reason"], registry=registry)
-        self.decision_latency = Histogram("baton_router_decision_latency_seconds", "Time to decide one placement",
-                                          buckets=_LATENCY_BUCKETS, registry=registry)
-        self.prompt_tokens = Counter("baton_router_prompt_tokens", "Prompt tokens of placed requests",
-                                     registry=registry)
+        self.decision_latency = Histogram("baton_router_decision_latency_seconds",
+                                          "Time to decide one placement", buckets=_LATENCY_BUCKETS,
+                                          registry=registry)
+        self.prompt_tokens = Counter("baton_router_prompt_tokens",
+                                     "Prompt tokens of placed requests", registry=registry)
         self.predicted_cached_tokens = Counter(
             "baton_router_predicted_cached_tokens",
-            "Prompt tokens the index predicted cached where requests were placed (hit ratio = this / prompt tokens)",
+            "Prompt tokens the index predicted cached where requests were placed (hit ratio = this "
+            "/ prompt tokens)",
             registry=registry)
-        self.queue_time = Histogram("baton_router_queue_time_seconds", "Time placed requests waited in the queue",
-                                    ["priority"], buckets=_QUEUE_BUCKETS, registry=registry)
+        self.queue_time = Histogram("baton_router_queue_time_seconds",
+                                    "Time placed requests waited in the queue", ["priority"],
+                                    buckets=_QUEUE_BUCKETS, registry=registry)
 
     def watch_workers(self, rows: Callable[[], Iterable[WorkerLoadRow]]) -> None:
         self.registry.register(_WorkerLoadCollector(rows))

@@ -1,22 +1,27 @@
-"""Global prefix index: block hash -> workers holding that block, and per prompt the leading blocks each has.
+"""Global prefix index: block hash -> workers holding that block, and per prompt the leading blocks
+each has.
 
 Two sources feed it, chosen per worker:
-- exact: the worker's own KV events (stored/removed/cleared), applied in sequence order. A sequence gap, or a batch
-  flagged `gap`, means events were lost; the worker's entries are then kept as they were (mostly right, and better
-  than nothing) and further events are ignored until a snapshot replaces them.
-- approximate: what this router placed where, for workers whose events are unavailable. Entries expire after a TTL
-  and each worker keeps at most a bounded number (least recently routed dropped first), because the router cannot
-  see the worker's evictions and must not believe in blocks that are long gone.
+- exact: the worker's own KV events (stored/removed/cleared), applied in sequence order. A sequence
+  gap, or a batch flagged `gap`, means events were lost; the worker's entries are then kept as they
+  were (mostly right, and better than nothing) and further events are ignored until a snapshot
+  replaces them.
+- approximate: what this router placed where, for workers whose events are unavailable. Entries
+  expire after a TTL and each worker keeps at most a bounded number (least recently routed dropped
+  first), because the router cannot see the worker's evictions and must not believe in blocks that
+  are long gone.
 
-Placements onto a worker whose events are live only go to a bounded journal (one array per placement): its entries
-would not be consulted, and keeping them indexed cost most of a decision. Should the stream drop, the journal is
-replayed into the approximate index, so the worker is answered as if its placements had been recorded all along.
+Placements onto a worker whose events are live only go to a bounded journal (one array per
+placement): its entries would not be consulted, and keeping them indexed cost most of a decision.
+Should the stream drop, the journal is replayed into the approximate index, so the worker is
+answered as if its placements had been recorded all along.
 
-Each hash's holders are an int bitmask over worker slots rather than a set of ids: millions of small sets made
-every full garbage collection walk them all (pauses of hundreds of milliseconds), and ints are not GC-tracked.
+Each hash's holders are an int bitmask over worker slots rather than a set of ids: millions of small
+sets made every full garbage collection walk them all (pauses of hundreds of milliseconds), and ints
+are not GC-tracked.
 
-Hashes come from baton.services.engine.block_hash (the caller computes them with the tenant's salt), so the index
-only ever compares opaque 64-bit keys.
+Hashes come from baton.services.engine.block_hash (the caller computes them with the tenant's salt),
+so the index only ever compares opaque 64-bit keys.
 """
 from __future__ import annotations
 
@@ -43,8 +48,9 @@ class _ExactState:
 
 
 class _Journal:
-    """Recent placements onto a worker with live events, oldest first, holding about as many blocks as its
-    approximate entries may (a hash routed twice counts twice, so a replay can hold slightly fewer)."""
+    """Recent placements onto a worker with live events, oldest first, holding about as many blocks
+    as its approximate entries may (a hash routed twice counts twice, so a replay can hold slightly
+    fewer)."""
 
     def __init__(self) -> None:
         self.placements: deque[tuple[float, array]] = deque()
@@ -63,7 +69,8 @@ class _Journal:
 
 
 class _Slots:
-    """Worker id <-> bit position in the holder masks; freed positions are reused so masks stay small."""
+    """Worker id <-> bit position in the holder masks; freed positions are reused so masks stay
+    small."""
 
     def __init__(self) -> None:
         self._bits: dict[str, int] = {}
@@ -114,17 +121,19 @@ class PrefixIndex:
         self._slots = _Slots()
         self._exact: dict[str, _ExactState] = {}
         self._exact_holders: dict[int, int] = {}
-        # Per worker: hash -> time it was last routed there, least recent first. Only workers in approximate mode
-        # have their bits in _approx_holders; the others keep their entries for when their events stop again.
+        # Per worker: hash -> time it was last routed there, least recent first. Only workers in
+        # approximate mode have their bits in _approx_holders; the others keep their entries for
+        # when their events stop again.
         self._approx: dict[str, OrderedDict[int, float]] = {}
         self._approx_holders: dict[int, int] = {}
         self._approx_mask = 0  # bits of the workers answered from placements
         self._journals: dict[str, _Journal] = {}
 
-    # -- exact source -------------------------------------------------------------------------------------------
+    # -- exact source ------------------------------------------------------------------------------
 
     def apply_events(self, worker_id: str, events: Iterable[Any], gap: bool = False) -> bool:
-        """Folds a batch of baton.v1.KVEvent (or look-alikes) in; returns False when the worker needs a snapshot."""
+        """Folds a batch of baton.v1.KVEvent (or look-alikes) in; returns False when the worker
+        needs a snapshot."""
         state = self._exact.setdefault(worker_id, _ExactState())
         if gap:
             state.needs_resync = True
@@ -140,7 +149,8 @@ class PrefixIndex:
             state.last_sequence = event.sequence
         return not state.needs_resync
 
-    def _apply_one(self, worker_id: str, state: _ExactState, kind: EventKind, hashes: Sequence[int]) -> None:
+    def _apply_one(self, worker_id: str, state: _ExactState, kind: EventKind,
+                   hashes: Sequence[int]) -> None:
         bit = self._slots.bit(worker_id)
         if kind is EventKind.STORED:
             state.hashes.update(hashes)
@@ -152,7 +162,8 @@ class PrefixIndex:
             self._drop_exact_entries(worker_id, state)
 
     def apply_snapshot(self, worker_id: str, sequence: int, hashes: Iterable[int]) -> None:
-        """Replaces the worker's entries with a baton.v1.KVSnapshot's; events after `sequence` apply next."""
+        """Replaces the worker's entries with a baton.v1.KVSnapshot's; events after `sequence` apply
+        next."""
         state = self._exact.setdefault(worker_id, _ExactState())
         self._drop_exact_entries(worker_id, state)
         state.hashes.update(hashes)
@@ -173,10 +184,11 @@ class PrefixIndex:
         state = self._exact.get(worker_id)
         return 0 if state is None else state.last_sequence
 
-    # -- approximate source -------------------------------------------------------------------------------------
+    # -- approximate source ------------------------------------------------------------------------
 
     def set_events_available(self, worker_id: str, available: bool) -> None:
-        """Workers without a live event stream are answered from this router's placements instead."""
+        """Workers without a live event stream are answered from this router's placements
+        instead."""
         bit = self._slots.bit(worker_id)
         in_approx = bool(self._approx_mask & bit)
         if available and in_approx:
@@ -190,7 +202,8 @@ class PrefixIndex:
                 self._record_approx(worker_id, bit, hashes, touched)
 
     def record_placement(self, worker_id: str, hashes: Sequence[int]) -> None:
-        """The blocks of a prompt just routed to the worker, which will hold them once it has run the prefill."""
+        """The blocks of a prompt just routed to the worker, which will hold them once it has run
+        the prefill."""
         now = self._clock()
         bit = self._slots.bit(worker_id)
         if self._approx_mask & bit:
@@ -229,7 +242,7 @@ class PrefixIndex:
                 entries.popitem(last=False)
                 _clear_bit(self._approx_holders, (h,), bit)
 
-    # -- membership and query -----------------------------------------------------------------------------------
+    # -- membership and query ----------------------------------------------------------------------
 
     def remove_worker(self, worker_id: str) -> None:
         bit = self._slots.bit(worker_id)

@@ -7,17 +7,20 @@ from dataclasses import dataclass
 
 class RejectReason(str, enum.Enum):
     TTFT_SLO = "ttft_slo"  # predicted time to first token misses the request's SLO
-    TPOT_SLO = "tpot_slo"  # every decode worker's predicted time per output token misses the request's SLO
+    # every decode worker's predicted time per output token misses the request's SLO
+    TPOT_SLO = "tpot_slo"
     QUEUE_FULL = "queue_full"  # the admission queue holds nothing it could displace
     PREEMPTED = "preempted"  # displaced from a full queue by a higher-priority request
     QUEUE_TIMEOUT = "queue_timeout"  # waited longer than the queue's age bound
     DEADLINE = "deadline"  # can no longer get its first token before its deadline
     SHED = "shed"  # sheddable (negative priority) and every worker is saturated
-    NO_WORKERS = "no_workers"  # no worker can take it at all (none registered, all draining or broken)
+    # no worker can take it at all (none registered, all draining or broken)
+    NO_WORKERS = "no_workers"
 
     @property
     def grpc_status(self) -> str:
-        """The grpc.StatusCode name a servicer answers with; the gateway maps RESOURCE_EXHAUSTED to HTTP 429."""
+        """The grpc.StatusCode name a servicer answers with; the gateway maps RESOURCE_EXHAUSTED to
+        HTTP 429."""
         return "UNAVAILABLE" if self is RejectReason.NO_WORKERS else "RESOURCE_EXHAUSTED"
 
 

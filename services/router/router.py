@@ -1,10 +1,12 @@
-"""The router facade a gRPC servicer wraps: membership, load and KV-event feeds, place / release, drain, stats.
+"""The router facade a gRPC servicer wraps: membership, load and KV-event feeds, place / release,
+drain, stats.
 
-Concurrency: every method is synchronous and thread-safe (one re-entrant lock around the state). None of them does
-I/O or waits, and a decision takes well under a millisecond, so an asyncio servicer may call them inline on its
-event loop; a threaded servicer may call them from any thread. Requests that must wait for capacity are answered
-later through the `on_queued_outcome` callback, called under the lock (it must only hand the outcome over, such as
-resolving a future with loop.call_soon_threadsafe, and not call back into the router).
+Concurrency: every method is synchronous and thread-safe (one re-entrant lock around the state).
+None of them does I/O or waits, and a decision takes well under a millisecond, so an asyncio
+servicer may call them inline on its event loop; a threaded servicer may call them from any thread.
+Requests that must wait for capacity are answered later through the `on_queued_outcome` callback,
+called under the lock (it must only hand the outcome over, such as resolving a future with
+loop.call_soon_threadsafe, and not call back into the router).
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ class PlaceRequest:
     cache_salt: str | None = None
     priority: int = 0
     max_tokens: int = 0
-    ttft_slo_s: float | None = None  # also the deadline for leaving the queue; None: the configured default
+    # also the deadline for leaving the queue; None: the configured default
+    ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None  # None: the configured default
 
 
@@ -134,55 +137,68 @@ class Router:
         self._lock = threading.RLock()
         self._workers: dict[str, WorkerState] = {}
         self._leases: OrderedDict[str, _Lease] = OrderedDict()
-        self.index = PrefixIndex(config.approx_index_ttl_s, config.approx_index_max_blocks_per_worker, clock)
-        self.predictor = TTFTPredictor(config.initial_prefill_tokens_per_s, config.prefill_rate_ewma_alpha,
-                                       config.ttft_overhead_s)
+        self.index = PrefixIndex(config.approx_index_ttl_s,
+                                 config.approx_index_max_blocks_per_worker, clock)
+        self.predictor = TTFTPredictor(config.initial_prefill_tokens_per_s,
+                                       config.prefill_rate_ewma_alpha, config.ttft_overhead_s)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.metrics.watch_workers(self._load_rows)
         self.admission = Admission(
             AdmissionQueue(config.queue_max_size, config.queue_max_age_s, FairShare()),
-            RetryPolicy(config.retry_after_min_s, config.retry_after_max_s), self.metrics, config.ttft_slo_headroom)
-        self.limits = SaturationLimits(config.stats_max_age_s, config.saturation_queued_prefill_tokens,
-                                       config.saturation_inflight_requests, config.saturation_kv_utilization)
-        self.disagg_policy = DisaggPolicy(config.max_local_prefill_tokens, config.max_prefill_queue_s,
+            RetryPolicy(config.retry_after_min_s, config.retry_after_max_s), self.metrics,
+            config.ttft_slo_headroom)
+        self.limits = SaturationLimits(config.stats_max_age_s,
+                                       config.saturation_queued_prefill_tokens,
+                                       config.saturation_inflight_requests,
+                                       config.saturation_kv_utilization)
+        self.disagg_policy = DisaggPolicy(config.max_local_prefill_tokens,
+                                          config.max_prefill_queue_s,
                                           config.local_prefill_kv_headroom)
         self._rng = random.Random(config.seed)
         self.apply_plugin_settings(config.plugin_settings())
 
-    # -- configuration ------------------------------------------------------------------------------------------
+    # -- configuration -----------------------------------------------------------------------------
 
     def apply_plugin_settings(self, settings: PluginSettings) -> None:
-        """Swaps in new scorer weights and affinity thresholds; decisions already made are unaffected."""
+        """Swaps in new scorer weights and affinity thresholds; decisions already made are
+        unaffected."""
         scorers = [scorer_class(entry.name).from_config(entry.weight, self.config)
                    for entry in settings.scorers]
-        sticky = StickyPolicy(settings.sticky_queued_prefill_tokens, settings.sticky_inflight_requests,
+        sticky = StickyPolicy(settings.sticky_queued_prefill_tokens,
+                              settings.sticky_inflight_requests,
                               settings.sticky_min_cached_fraction)
         tol = self.config.tie_tolerance
         with self._lock:
             self.plugin_settings = settings
-            self._decode_picker = Picker(default_filters([Role.DECODE, Role.MIXED]), scorers, sticky, self.limits,
-                                         self._rng, tol)
-            self._prefill_picker = Picker(default_filters([Role.PREFILL]), scorers, sticky, self.limits,
-                                          self._rng, tol)
+            self._decode_picker = Picker(default_filters([Role.DECODE, Role.MIXED]), scorers,
+                                         sticky, self.limits, self._rng, tol)
+            self._prefill_picker = Picker(default_filters([Role.PREFILL]), scorers, sticky,
+                                          self.limits, self._rng, tol)
 
-    # -- membership ---------------------------------------------------------------------------------------------
+    # -- membership --------------------------------------------------------------------------------
 
     def register_worker(self, worker_id: str, address: str, role: Role, model: str | None = None,
                         block_size: int | None = None, lease_ttl_s: float | None = None) -> float:
-        """Adds or refreshes a worker; returns when its registration lease expires (inf for a static worker)."""
+        """Adds or refreshes a worker; returns when its registration lease expires (inf for a static
+        worker)."""
         if not worker_id or not address:
             raise ValueError("a worker needs an id and an address")
         if model and model != self.config.model:
-            raise ValueError(f"worker {worker_id} serves {model!r}, this router routes {self.config.model!r}")
+            raise ValueError(
+                f"worker {worker_id} serves {model!r}, this router routes {self.config.model!r}")
         if block_size and block_size != self.config.block_size:
-            raise ValueError(f"worker {worker_id} has block size {block_size}, the router {self.config.block_size}")
+            raise ValueError(
+                f"worker {worker_id} has block size {block_size}, the router "
+                f"{self.config.block_size}"
+            )
         ttl = self.config.worker_lease_ttl_s if lease_ttl_s is None else lease_ttl_s
         with self._lock:
             worker = self._workers.get(worker_id)
             if worker is None or worker.role is not Role(role) or worker.address != address:
                 if worker is not None:
                     self.index.remove_worker(worker_id)
-                breaker = CircuitBreaker(self.config.circuit_failure_threshold, self.config.circuit_cooldown_s)
+                breaker = CircuitBreaker(self.config.circuit_failure_threshold,
+                                         self.config.circuit_cooldown_s)
                 worker = WorkerState(worker_id, address, Role(role), breaker)
                 self._workers[worker_id] = worker
                 self.index.set_events_available(worker_id, False)
@@ -190,7 +206,8 @@ class Router:
             return worker.lease_expires_at
 
     def heartbeat(self, worker_id: str) -> float:
-        """Extends the registration lease; KeyError for an unknown worker, which should register again."""
+        """Extends the registration lease; KeyError for an unknown worker, which should register
+        again."""
         with self._lock:
             worker = self._workers[worker_id]
             worker.lease_expires_at = self._clock() + self.config.worker_lease_ttl_s
@@ -208,7 +225,8 @@ class Router:
             return list(self._workers)
 
     def drain(self, worker_ids: Iterable[str]) -> list[str]:
-        """Stops new placements on these workers (their current requests finish); returns the unknown ids."""
+        """Stops new placements on these workers (their current requests finish); returns the
+        unknown ids."""
         unknown = []
         with self._lock:
             for worker_id in worker_ids:
@@ -218,10 +236,11 @@ class Router:
                     unknown.append(worker_id)
         return unknown
 
-    # -- feeds from workers -------------------------------------------------------------------------------------
+    # -- feeds from workers ------------------------------------------------------------------------
 
     def on_stats(self, stats: Any) -> bool:
-        """A baton.v1.WorkerStats; False when the worker is not registered (the report is dropped)."""
+        """A baton.v1.WorkerStats; False when the worker is not registered (the report is
+        dropped)."""
         with self._lock:
             worker = self._workers.get(stats.worker_id)
             if worker is None:
@@ -242,25 +261,29 @@ class Router:
             return in_sync
 
     def on_kv_snapshot(self, snapshot: Any) -> None:
-        """A baton.v1.KVSnapshot: replaces the worker's index entries; its events resume after snapshot.sequence."""
+        """A baton.v1.KVSnapshot: replaces the worker's index entries; its events resume after
+        snapshot.sequence."""
         with self._lock:
             if snapshot.worker_id in self._workers:
-                self.index.apply_snapshot(snapshot.worker_id, snapshot.sequence, snapshot.block_hashes)
+                self.index.apply_snapshot(snapshot.worker_id, snapshot.sequence,
+                                          snapshot.block_hashes)
                 self.index.set_events_available(snapshot.worker_id, True)
 
     def set_events_available(self, worker_id: str, available: bool) -> None:
-        """The servicer says whether the worker's event stream is up; without it, placements approximate it."""
+        """The servicer says whether the worker's event stream is up; without it, placements
+        approximate it."""
         with self._lock:
             self.index.set_events_available(worker_id, available)
 
     def report_failure(self, worker_id: str) -> None:
-        """A failure seen outside a lease (a refused connection, a broken stream) counts toward the breaker."""
+        """A failure seen outside a lease (a refused connection, a broken stream) counts toward the
+        breaker."""
         with self._lock:
             worker = self._workers.get(worker_id)
             if worker is not None:
                 worker.breaker.record_failure(self._clock())
 
-    # -- decisions ----------------------------------------------------------------------------------------------
+    # -- decisions ---------------------------------------------------------------------------------
 
     def _validate(self, req: PlaceRequest) -> None:
         if not req.request_id:
@@ -277,14 +300,16 @@ class Router:
             raise ValueError("tpot_slo_s must be positive")
 
     def place(self, req: PlaceRequest) -> Placement | Rejection | Queued:
-        """Places now, queues until a worker has room (the outcome then goes to on_queued_outcome), or refuses.
-        ValueError for a malformed request."""
+        """Places now, queues until a worker has room (the outcome then goes to on_queued_outcome),
+        or refuses. ValueError for a malformed request."""
         started = time.perf_counter()
         self._validate(req)
         # Hashing is the costliest step and needs no shared state, so it runs outside the lock.
-        hashes = block_hashes(req.prompt_token_ids, self.config.block_size, self.config.model, req.cache_salt)
+        hashes = block_hashes(req.prompt_token_ids, self.config.block_size, self.config.model,
+                              req.cache_salt)
         slo_s = req.ttft_slo_s if req.ttft_slo_s is not None else self.config.default_ttft_slo_s
-        tpot_slo_s = req.tpot_slo_s if req.tpot_slo_s is not None else self.config.default_tpot_slo_s
+        tpot_slo_s = (req.tpot_slo_s
+                      if req.tpot_slo_s is not None else self.config.default_tpot_slo_s)
         pending = _Pending(req, hashes, slo_s, tpot_slo_s)
         with self._lock:
             now = self._clock()
@@ -299,30 +324,34 @@ class Router:
         if isinstance(plan, Rejection):
             return plan
         if plan is None:
-            return self._reject(req.request_id, RejectReason.NO_WORKERS, "no worker can take the request")
+            return self._reject(req.request_id, RejectReason.NO_WORKERS,
+                                "no worker can take the request")
         if len(queue) == 0 and not plan.saturated:
             refusal = self.admission.check_slo(req.request_id, plan.predicted_ttft_s, pending.slo_s)
             return refusal if refusal is not None else self._commit(plan, pending, now)
         if req.priority < 0:
-            return self._reject(req.request_id, RejectReason.SHED, "sheddable request and every worker is saturated",
+            return self._reject(req.request_id, RejectReason.SHED,
+                                "sheddable request and every worker is saturated",
                                 self._queue_wait_s(req.priority))
         predicted = self._queue_wait_s(req.priority) + plan.predicted_ttft_s
         refusal = self.admission.check_slo(req.request_id, predicted, pending.slo_s)
         if refusal is not None:
             return refusal
-        # The deadline by which it must leave the queue keeps the admission headroom: leaving at now + SLO with a
-        # prediction that always errs some would land it late as often as not.
-        deadline = now + pending.slo_s * self.admission.slo_headroom if pending.slo_s is not None else float("inf")
+        # The deadline by which it must leave the queue keeps the admission headroom: leaving at now
+        # + SLO with a prediction that always errs some would land it late as often as not.
+        deadline = (now + pending.slo_s * self.admission.slo_headroom
+                    if pending.slo_s is not None else float("inf"))
         cost = len(req.prompt_token_ids) + req.max_tokens
         item = queue.make(req.request_id, req.tenant, req.priority, cost, now, deadline, pending)
         accepted, displaced = queue.push(item)
         if displaced is not None:
-            self._on_queued_outcome(self._reject(displaced.request_id, RejectReason.PREEMPTED,
-                                                 "displaced from the full queue by a higher-priority request",
-                                                 self._queue_wait_s(displaced.priority)))
+            self._on_queued_outcome(
+                self._reject(displaced.request_id, RejectReason.PREEMPTED,
+                             "displaced from the full queue by a higher-priority request",
+                             self._queue_wait_s(displaced.priority)))
         if not accepted:
-            return self._reject(req.request_id, RejectReason.QUEUE_FULL, "the admission queue is full",
-                                self._queue_wait_s(req.priority))
+            return self._reject(req.request_id, RejectReason.QUEUE_FULL,
+                                "the admission queue is full", self._queue_wait_s(req.priority))
         self.metrics.decisions.labels("queued", "saturated").inc()
         return Queued(req.request_id, predicted)
 
@@ -331,31 +360,36 @@ class Router:
         return self.admission.reject(request_id, reason, message, retry_after_s)
 
     def _queue_wait_s(self, priority: int) -> float:
-        """How long the router queue ahead of a request of this priority takes to drain through the workers."""
+        """How long the router queue ahead of a request of this priority takes to drain through the
+        workers."""
         rate = self.predictor.pool_tokens_per_s(self._workers)
         return self.admission.queue.tokens_ahead(priority) / rate if rate > 0 else 0.0
 
-    def _decode_fit(self, pending: _Pending) -> tuple[list[WorkerState], dict[str, float], Rejection | None]:
-        """The workers a plan may use: decode workers whose predicted TPOT with this request misses its TPOT SLO
-        are left out, and when that leaves none (while some had a prediction) the request is refused now, since
-        waiting would not shrink the batches it would join any sooner than the queue's deadline. Also the
-        predicted TPOT of every decode worker that has one."""
+    def _decode_fit(
+            self,
+            pending: _Pending) -> tuple[list[WorkerState], dict[str, float], Rejection | None]:
+        """The workers a plan may use: decode workers whose predicted TPOT with this request misses
+        its TPOT SLO are left out, and when that leaves none (while some had a prediction) the
+        request is refused now, since waiting would not shrink the batches it would join any sooner
+        than the queue's deadline. Also the predicted TPOT of every decode worker that has one."""
         req, slo = pending.request, pending.tpot_slo_s
         tpot: dict[str, float] = {}
         for w in self._workers.values():
-            if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids), req.max_tokens)):
+            if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids),
+                                                                   req.max_tokens)):
                 tpot[w.worker_id] = t
-        # Decode batches fill from whoever comes first, so lower priorities stop joining sooner: a batch's last
-        # rows stay for the higher ones, as the router queue serves them first.
+        # Decode batches fill from whoever comes first, so lower priorities stop joining sooner: a
+        # batch's last rows stay for the higher ones, as the router queue serves them first.
         headroom = self._tpot_headroom(req.priority)
         limit = slo * headroom if slo is not None else math.inf
         workers = [w for w in self._workers.values() if tpot.get(w.worker_id, 0.0) <= limit]
         if tpot and not any(w.role is not Role.PREFILL for w in workers):
             best = min(tpot.values())
-            refusal = self._reject(req.request_id, RejectReason.TPOT_SLO,
-                                   f"predicted time per output token {best * 1e3:.1f}ms on the least loaded decode "
-                                   f"worker exceeds the SLO of {slo * 1e3:.1f}ms less {1 - headroom:.0%} headroom",
-                                   best * req.max_tokens)
+            refusal = self._reject(
+                req.request_id, RejectReason.TPOT_SLO,
+                f"predicted time per output token {best * 1e3:.1f}ms on the least loaded decode "
+                f"worker exceeds the SLO of {slo * 1e3:.1f}ms less {1 - headroom:.0%} headroom",
+                best * req.max_tokens)
             return workers, tpot, refusal
         return workers, tpot, None
 
@@ -366,7 +400,8 @@ class Router:
 
     def _plan(self, pending: _Pending, now: float) -> _Plan | Rejection | None:
         req = pending.request
-        sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids), self.config.block_size, now,
+        sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids),
+                                 self.config.block_size, now,
                                  self.index.match_lengths(pending.hashes), req.tenant, req.priority)
         workers, tpot, refusal = self._decode_fit(pending)
         if refusal is not None:
@@ -381,54 +416,65 @@ class Router:
                                                      prefill_pick.worker.queued_prefill_tokens(), 0)
         decode = decode_pick.worker
         decode_queue_s = self.predictor.predict(decode.worker_id, decode.queued_prefill_tokens(), 0)
-        decision = decide(DisaggInputs(sreq.uncached_tokens(decode.worker_id), decode.free_kv_blocks(),
-                                       self.config.block_size, prefill_queue_s, decode_queue_s),
-                          self.disagg_policy)
+        decision = decide(
+            DisaggInputs(sreq.uncached_tokens(decode.worker_id), decode.free_kv_blocks(),
+                         self.config.block_size, prefill_queue_s, decode_queue_s),
+            self.disagg_policy)
         prefill = prefill_pick.worker if decision.remote and prefill_pick is not None else None
         computing = prefill if prefill is not None else decode
         predicted = self.predictor.predict(computing.worker_id, computing.queued_prefill_tokens(),
                                            sreq.uncached_tokens(computing.worker_id))
         predicted += decode_join_wait_s(decode, tpot.get(decode.worker_id))
         saturated = decode_pick.reason == "all_saturated" or (
-            prefill is not None and prefill_pick is not None and prefill_pick.reason == "all_saturated")
-        return _Plan(sreq, decode, prefill, decision.reason, predicted, decode_pick.reason, saturated)
+            prefill is not None and prefill_pick is not None and
+            prefill_pick.reason == "all_saturated")
+        return _Plan(sreq, decode, prefill, decision.reason, predicted, decode_pick.reason,
+                     saturated)
 
     def _commit(self, plan: _Plan, pending: _Pending, now: float) -> Placement:
         req, sreq, bs = pending.request, plan.sreq, self.config.block_size
         lease_id = uuid.uuid4().hex
         computing = plan.computing
         uncached = sreq.uncached_tokens(computing.worker_id)
-        # Local prefill queues its tokens on the decode worker; with a hand-off the decode worker still allocates
-        # the blocks it pulls, so it is charged that KV either way, and the KV its output will fill. Without the
-        # output, full cache hits would look free and a hot prefix would pile onto one worker.
+        # Local prefill queues its tokens on the decode worker; with a hand-off the decode worker
+        # still allocates the blocks it pulls, so it is charged that KV either way, and the KV its
+        # output will fill. Without the output, full cache hits would look free and a hot prefix
+        # would pile onto one worker.
         decode_tokens = uncached if plan.prefill is None else 0
-        decode_blocks = math.ceil((sreq.uncached_tokens(plan.decode.worker_id) + req.max_tokens) / bs)
-        plan.decode.reserve(lease_id, now, decode_tokens, decode_blocks, sreq.prompt_tokens + req.max_tokens // 2)
+        decode_blocks = math.ceil(
+            (sreq.uncached_tokens(plan.decode.worker_id) + req.max_tokens) / bs)
+        plan.decode.reserve(lease_id, now, decode_tokens, decode_blocks,
+                            sreq.prompt_tokens + req.max_tokens // 2)
         plan.decode.breaker.on_placed(now)
         self.index.record_placement(plan.decode.worker_id, pending.hashes)
         if plan.prefill is not None:
             plan.prefill.reserve(lease_id, now, uncached, math.ceil(uncached / bs))
             plan.prefill.breaker.on_placed(now)
             self.index.record_placement(plan.prefill.worker_id, pending.hashes)
-        self._leases[lease_id] = _Lease(lease_id, req.tenant, plan.decode.worker_id,
-                                        plan.prefill.worker_id if plan.prefill is not None else None,
-                                        computing.queued_prefill_tokens() - uncached, uncached, req.max_tokens,
-                                        now + self.config.placement_lease_ttl_s)
-        self.admission.queue.fair_share.charge(req.tenant, len(req.prompt_token_ids) + req.max_tokens)
+        self._leases[lease_id] = _Lease(
+            lease_id, req.tenant, plan.decode.worker_id,
+            plan.prefill.worker_id if plan.prefill is not None else None,
+            computing.queued_prefill_tokens() - uncached, uncached, req.max_tokens,
+            now + self.config.placement_lease_ttl_s)
+        self.admission.queue.fair_share.charge(req.tenant,
+                                               len(req.prompt_token_ids) + req.max_tokens)
         self.metrics.decisions.labels("placed", plan.reason).inc()
         self.metrics.prompt_tokens.inc(sreq.prompt_tokens)
         self.metrics.predicted_cached_tokens.inc(sreq.prompt_tokens - uncached)
         return Placement(req.request_id, lease_id, plan.decode.worker_id, plan.decode.address,
                          plan.prefill.worker_id if plan.prefill is not None else None,
                          plan.prefill.address if plan.prefill is not None else None,
-                         plan.predicted_ttft_s, sreq.prompt_tokens - uncached, plan.reason, plan.disagg_reason)
+                         plan.predicted_ttft_s, sreq.prompt_tokens - uncached, plan.reason,
+                         plan.disagg_reason)
 
     def _dispatch(self, now: float) -> None:
-        """Serves the queue while workers have room, and refuses what can no longer make its deadline."""
+        """Serves the queue while workers have room, and refuses what can no longer make its
+        deadline."""
         queue = self.admission.queue
         for item, reason in queue.expired(now):
-            self._on_queued_outcome(self._reject(item.request_id, reason, f"waited {now - item.enqueued_at:.3f}s "
-                                                 "in the admission queue", self._queue_wait_s(item.priority)))
+            self._on_queued_outcome(
+                self._reject(item.request_id, reason, f"waited {now - item.enqueued_at:.3f}s "
+                             "in the admission queue", self._queue_wait_s(item.priority)))
         while (item := queue.peek()) is not None:
             plan = self._plan(item.payload, now)
             if isinstance(plan, Rejection):
@@ -440,16 +486,19 @@ class Router:
             queue.remove(item)
             self.admission.observe_queue_time(item, now)
             if now + plan.predicted_ttft_s > item.deadline:
-                self._on_queued_outcome(self._reject(
-                    item.request_id, RejectReason.DEADLINE,
-                    f"predicted first token {plan.predicted_ttft_s:.3f}s from now misses the deadline",
-                    self._queue_wait_s(item.priority)))
+                self._on_queued_outcome(
+                    self._reject(
+                        item.request_id, RejectReason.DEADLINE,
+                        f"predicted first token {plan.predicted_ttft_s:.3f}s from now misses the "
+                        "deadline",
+                        self._queue_wait_s(item.priority)))
                 continue
             self._on_queued_outcome(self._commit(plan, item.payload, now))
 
-    def release(self, lease_id: str, observed_ttft_s: float | None = None, output_tokens: int | None = None,
-                failed_worker_id: str | None = None) -> None:
-        """Ends a lease with what the gateway saw; KeyError for an unknown (or already expired) lease."""
+    def release(self, lease_id: str, observed_ttft_s: float | None = None,
+                output_tokens: int | None = None, failed_worker_id: str | None = None) -> None:
+        """Ends a lease with what the gateway saw; KeyError for an unknown (or already expired)
+        lease."""
         with self._lock:
             lease = self._leases.pop(lease_id)
             now = self._clock()
@@ -464,10 +513,12 @@ class Router:
                     worker.breaker.record_success()
             computing = lease.prefill_id or lease.decode_id
             if observed_ttft_s is not None and failed_worker_id is None:
-                self.predictor.observe(computing, lease.queued_ahead_tokens, lease.uncached_tokens, observed_ttft_s)
+                self.predictor.observe(computing, lease.queued_ahead_tokens, lease.uncached_tokens,
+                                       observed_ttft_s)
             if output_tokens is not None:
                 # Admission charged max_tokens up front; settle to what the request really produced.
-                self.admission.queue.fair_share.charge(lease.tenant, output_tokens - lease.max_tokens)
+                self.admission.queue.fair_share.charge(lease.tenant,
+                                                       output_tokens - lease.max_tokens)
             self._dispatch(now)
 
     def _unreserve(self, lease: _Lease) -> None:
@@ -477,8 +528,8 @@ class Router:
                 worker.unreserve(lease.lease_id)
 
     def tick(self) -> None:
-        """Housekeeping to run every few hundred ms: reclaims leases whose gateway never released them, drops
-        workers whose registration lease ran out, and serves or expires the queue."""
+        """Housekeeping to run every few hundred ms: reclaims leases whose gateway never released
+        them, drops workers whose registration lease ran out, and serves or expires the queue."""
         with self._lock:
             now = self._clock()
             while self._leases:
@@ -491,7 +542,7 @@ class Router:
                 self.remove_worker(worker_id)
             self._dispatch(now)
 
-    # -- observability ------------------------------------------------------------------------------------------
+    # -- observability -----------------------------------------------------------------------------
 
     def stats(self) -> RouterStats:
         """Aggregate load per role, for the autoscaler (GetStats)."""
@@ -510,5 +561,8 @@ class Router:
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:
             now = self._clock()
-            return [WorkerLoadRow(w.worker_id, w.queued_prefill_tokens(), w.inflight_requests(), w.kv_utilization(),
-                                  min(w.stats_age(now), 1e9)) for w in self._workers.values()]
+            return [
+                WorkerLoadRow(w.worker_id, w.queued_prefill_tokens(), w.inflight_requests(),
+                              w.kv_utilization(), min(w.stats_age(now), 1e9))
+                for w in self._workers.values()
+            ]

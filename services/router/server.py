@@ -1,6 +1,6 @@
-"""Assembles a router process: the facade, its gRPC service with standard health checks, worker feeds from
-registrations, a static list or EndpointSlices, the housekeeping and plugin-config loops, HTTP probes and metrics,
-and a clean exit on SIGTERM."""
+"""Assembles a router process: the facade, its gRPC service with standard health checks, worker
+feeds from registrations, a static list or EndpointSlices, the housekeeping and plugin-config loops,
+HTTP probes and metrics, and a clean exit on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
@@ -29,27 +29,41 @@ SERVICE_NAME = "baton.v1.Router"
 
 
 class RouterServiceConfig(BatonSettings):
-    """The process around the routing policy (RouterConfig): where it listens and how it finds workers."""
+    """The process around the routing policy (RouterConfig): where it listens and how it finds
+    workers."""
     host: str = Field("127.0.0.1", description="Address the gRPC service listens on")
-    port: int = Field(50061, ge=0, le=65535, description="gRPC port (0: any free port, printed at start)")
-    advertise_host: str | None = Field(None, description="Host printed in the ready line (default: host)")
+    port: int = Field(50061, ge=0, le=65535,
+                      description="gRPC port (0: any free port, printed at start)")
+    advertise_host: str | None = Field(None,
+                                       description="Host printed in the ready line (default: host)")
     metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="HTTP port for /metrics, /health, /ready, GET /stats and POST /admin/drain "
-                                          "(unset: no HTTP server)")
-    workers: str | None = Field(None, description="Static workers, host:port,host:port (besides registrations)")
+        None, ge=0, le=65535,
+        description="HTTP port for /metrics, /health, /ready, GET /stats and POST /admin/drain "
+        "(unset: no HTTP server)")
+    workers: str | None = Field(
+        None, description="Static workers, host:port,host:port (besides registrations)")
     kube_label_selector: str | None = Field(
-        None, description="Find workers from the EndpointSlices with these labels (e.g. app=baton-worker)")
+        None,
+        description="Find workers from the EndpointSlices with these labels (e.g. app=baton-worker)"
+    )
     kube_namespace: str = Field("default", description="Namespace of the worker EndpointSlices")
     kube_port_name: str | None = Field(
-        "grpc", description="EndpointSlice port that serves the worker's gRPC (unset: the slice's only port)")
-    stats_poll_interval_s: float = Field(0.5, gt=0, description="How often each worker's GetStats is polled")
-    worker_rpc_timeout_s: float = Field(2.0, gt=0, description="Deadline of a GetStats or GetKVSnapshot call")
+        "grpc",
+        description="EndpointSlice port that serves the worker's gRPC (unset: the slice's only "
+                    "port)"
+    )
+    stats_poll_interval_s: float = Field(0.5, gt=0,
+                                         description="How often each worker's GetStats is polled")
+    worker_rpc_timeout_s: float = Field(2.0, gt=0,
+                                        description="Deadline of a GetStats or GetKVSnapshot call")
     tick_interval_s: float = Field(
-        0.2, gt=0, description="Housekeeping period: expired leases, dropped workers, queue deadlines")
+        0.2, gt=0,
+        description="Housekeeping period: expired leases, dropped workers, queue deadlines")
 
 
 def stats_json(router: Router) -> dict[str, Any]:
-    """GET /stats: the GetStats numbers as JSON, pools keyed by role name, for the operator's autoscaler."""
+    """GET /stats: the GetStats numbers as JSON, pools keyed by role name, for the operator's
+    autoscaler."""
     stats = router.stats()
     return {"pools": {role.label: dataclasses.asdict(pool) for role, pool in stats.pools.items()},
             "queued_requests": stats.queued_requests, "leases": stats.leases}
@@ -88,8 +102,10 @@ async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
     setup_tracing("baton-router")
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
-    # The callback only runs once a request has queued, by when `servicer` (bound late by the closure) exists.
-    router = Router(config, registry, on_queued_outcome=lambda outcome: servicer.on_queued_outcome(outcome))
+    # The callback only runs once a request has queued, by when `servicer` (bound late by the
+    # closure) exists.
+    router = Router(config, registry,
+                    on_queued_outcome=lambda outcome: servicer.on_queued_outcome(outcome))
     feeds = FeedSet(router, service.stats_poll_interval_s, service.worker_rpc_timeout_s)
     servicer = RouterServicer(router, feeds, loop)
     server = grpc.aio.server()
@@ -100,7 +116,8 @@ async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
     stopping = asyncio.Event()
     probes = None
     if service.metrics_port is not None:
-        probes = serve_probes(service.host, service.metrics_port, registry, lambda: not stopping.is_set(),
+        probes = serve_probes(service.host, service.metrics_port, registry,
+                              lambda: not stopping.is_set(),
                               get_routes={"/stats": lambda: stats_json(router)},
                               post_routes={"/admin/drain": lambda body: drain_json(router, body)})
     await server.start()
@@ -110,8 +127,9 @@ async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
         feeds.set_discovered(parse_static(service.workers))
     watcher = None
     if service.kube_label_selector:
-        watcher = EndpointSliceWatcher(service.kube_namespace, service.kube_label_selector, service.kube_port_name,
-                                       lambda addresses: loop.call_soon_threadsafe(feeds.set_discovered, addresses))
+        watcher = EndpointSliceWatcher(
+            service.kube_namespace, service.kube_label_selector, service.kube_port_name,
+            lambda addresses: loop.call_soon_threadsafe(feeds.set_discovered, addresses))
         watcher.start()
 
     def tick() -> None:
@@ -120,17 +138,21 @@ async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
 
     tasks = [asyncio.ensure_future(_every(service.tick_interval_s, tick))]
     if config.plugin_config_file is not None:
-        poll = _config_poller(router, ConfigWatcher(config.plugin_config_file, config.plugin_settings()))
+        poll = _config_poller(router,
+                              ConfigWatcher(config.plugin_config_file, config.plugin_settings()))
         poll()
         tasks.append(asyncio.ensure_future(_every(config.config_poll_interval_s, poll)))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
     # The one line launchers and tests wait for: it says the router is serving and where.
-    print(f"baton router ready: address={service.advertise_host or service.host}:{port} model={config.model}"
-          f"{metrics_at}", flush=True)
+    print(
+        f"baton router ready: address={service.advertise_host or service.host}:{port} "
+        f"model={config.model}"
+        f"{metrics_at}", flush=True)
     await stopping.wait()
-    log.info("stopping: %d leases open, %d requests queued", router.stats().leases, len(router.admission.queue))
+    log.info("stopping: %d leases open, %d requests queued",
+             router.stats().leases, len(router.admission.queue))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if watcher is not None:

@@ -1,10 +1,11 @@
-"""The Router gRPC service (baton.v1.Router) over the Router facade: proto <-> dataclass mapping, status codes,
-and the wait of queued requests.
+"""The Router gRPC service (baton.v1.Router) over the Router facade: proto <-> dataclass mapping,
+status codes, and the wait of queued requests.
 
-The facade is called inline on the event loop (a decision takes well under a millisecond and does no I/O). A
-queued request awaits a future that the facade's on_queued_outcome callback settles; a refusal is answered with
-RESOURCE_EXHAUSTED (UNAVAILABLE when no worker can take it), its reason and retry-after hint both in the message
-and in trailing metadata (`rejection-reason`, `retry-after-ms`, and the Rejection message as `baton-rejection-bin`).
+The facade is called inline on the event loop (a decision takes well under a millisecond and does no
+I/O). A queued request awaits a future that the facade's on_queued_outcome callback settles; a
+refusal is answered with RESOURCE_EXHAUSTED (UNAVAILABLE when no worker can take it), its reason and
+retry-after hint both in the message and in trailing metadata (`rejection-reason`, `retry-after-ms`,
+and the Rejection message as `baton-rejection-bin`).
 """
 from __future__ import annotations
 
@@ -31,36 +32,43 @@ REASONS = {"prefix_affinity": pb.PLACEMENT_REASON_PREFIX_AFFINITY, "load": pb.PL
 
 def placement_to_proto(p: Placement) -> pb.Placement:
     remote = p.prefill_worker_id is not None
-    return pb.Placement(
-        request_id=p.request_id, lease_id=p.lease_id, decode_worker_id=p.decode_worker_id,
-        decode_address=p.decode_address, prefill_worker_id=p.prefill_worker_id or "",
-        prefill_address=p.prefill_address or "",
-        prefill_mode=pb.PREFILL_MODE_REMOTE if remote else pb.PREFILL_MODE_LOCAL,
-        disaggregation_reason=p.disagg_reason.value, reason=REASONS.get(p.reason, pb.PLACEMENT_REASON_UNSPECIFIED),
-        predicted_ttft_ms=min(2**32 - 1, round(p.predicted_ttft_s * 1000)), predicted_cached_tokens=p.cached_tokens)
+    return pb.Placement(request_id=p.request_id, lease_id=p.lease_id,
+                        decode_worker_id=p.decode_worker_id, decode_address=p.decode_address,
+                        prefill_worker_id=p.prefill_worker_id or "",
+                        prefill_address=p.prefill_address or "",
+                        prefill_mode=pb.PREFILL_MODE_REMOTE if remote else pb.PREFILL_MODE_LOCAL,
+                        disaggregation_reason=p.disagg_reason.value,
+                        reason=REASONS.get(p.reason, pb.PLACEMENT_REASON_UNSPECIFIED),
+                        predicted_ttft_ms=min(2**32 - 1, round(p.predicted_ttft_s * 1000)),
+                        predicted_cached_tokens=p.cached_tokens)
 
 
 def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
     if len(request.prompt_token_ids) > MAX_PROMPT_TOKENS:
-        raise ValueError(f"prompt has {len(request.prompt_token_ids)} tokens; at most {MAX_PROMPT_TOKENS} are "
-                         "accepted")
+        raise ValueError(
+            f"prompt has {len(request.prompt_token_ids)} tokens; at most {MAX_PROMPT_TOKENS} are "
+            "accepted")
     return PlaceRequest(
-        request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids), tenant=request.tenant,
-        cache_salt=request.cache_salt or None, priority=request.priority, max_tokens=request.max_tokens,
+        request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
+        tenant=request.tenant, cache_salt=request.cache_salt or None, priority=request.priority,
+        max_tokens=request.max_tokens,
         ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
         tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None)
 
 
 def retry_after_ms(rejection: Rejection) -> int:
-    return 0 if rejection.retry_after_s is None else max(1, math.ceil(rejection.retry_after_s * 1000))
+    return 0 if rejection.retry_after_s is None else max(1, math.ceil(rejection.retry_after_s *
+                                                                      1000))
 
 
-def rejection_status(rejection: Rejection) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str | bytes], ...]]:
+def rejection_status(
+        rejection: Rejection) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str | bytes], ...]]:
     """(code, message, trailing metadata) of a refused Place."""
     wait_ms = retry_after_ms(rejection)
-    message = f"{rejection.reason.value}: {rejection.message}" + (f" (retry after {wait_ms} ms)" if wait_ms else "")
-    detail = pb.Rejection(request_id=rejection.request_id, reason=rejection.reason.value, message=rejection.message,
-                          retry_after_ms=wait_ms)
+    message = f"{rejection.reason.value}: {rejection.message}" + (f" (retry after {wait_ms} ms)"
+                                                                  if wait_ms else "")
+    detail = pb.Rejection(request_id=rejection.request_id, reason=rejection.reason.value,
+                          message=rejection.message, retry_after_ms=wait_ms)
     trailers = (("rejection-reason", rejection.reason.value), ("retry-after-ms", str(wait_ms)),
                 ("baton-rejection-bin", detail.SerializeToString()))
     return getattr(grpc.StatusCode, rejection.reason.grpc_status), message, trailers
@@ -82,44 +90,57 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if future is not None and not future.done():
             future.set_result(outcome)
         elif isinstance(outcome, Placement):
-            # The caller gave up while queued; nobody will use or release this lease, so free it now.
+            # The caller gave up while queued; nobody will use or release this lease, so free it
+            # now.
             log.info("request %s: placed after its caller left; lease released", outcome.request_id)
             self.router.release(outcome.lease_id)
 
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
-        if request.role == pb.WORKER_ROLE_UNSPECIFIED or request.role not in Role._value2member_map_:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "role must be prefill, decode or mixed")
+        if (request.role == pb.WORKER_ROLE_UNSPECIFIED or
+                request.role not in Role._value2member_map_):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "role must be prefill, decode or mixed")
         try:
-            expires = self.router.register_worker(request.worker_id, request.address, Role(request.role),
-                                                  request.model or None, request.block_size or None)
+            expires = self.router.register_worker(request.worker_id, request.address,
+                                                  Role(request.role), request.model or None,
+                                                  request.block_size or None)
         except ValueError as e:
             log.info("worker %s: registration refused: %s", request.worker_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         self.feeds.ensure_registered(request.worker_id, request.address)
-        return pb.RegisterWorkerResponse(lease_expires_at_unix_ms=int(expires * 1000),
-                                         lease_ttl_ms=int(self.router.config.worker_lease_ttl_s * 1000))
+        return pb.RegisterWorkerResponse(
+            lease_expires_at_unix_ms=int(expires * 1000),
+            lease_ttl_ms=int(self.router.config.worker_lease_ttl_s * 1000))
 
-    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+    async def Heartbeat(self, request: pb.HeartbeatRequest,
+                        context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
         try:
             expires = self.router.heartbeat(request.worker_id)
         except KeyError:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered; "
-                                                           "register again")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered; "
+                "register again")
         return pb.HeartbeatResponse(lease_expires_at_unix_ms=int(expires * 1000))
 
-    async def Place(self, request: pb.PlaceRequest, context: grpc.aio.ServicerContext) -> pb.Placement:
-        parent = propagate.extract({k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)})
-        with tracer.start_as_current_span("router.place", context=parent,
-                                          attributes={"baton.request_id": request.request_id,
-                                                      "baton.prompt_tokens": len(request.prompt_token_ids)}) as span:
+    async def Place(self, request: pb.PlaceRequest,
+                    context: grpc.aio.ServicerContext) -> pb.Placement:
+        parent = propagate.extract(
+            {k: v
+             for k, v in context.invocation_metadata() or () if isinstance(v, str)})
+        with tracer.start_as_current_span(
+                "router.place", context=parent, attributes={
+                    "baton.request_id": request.request_id,
+                    "baton.prompt_tokens": len(request.prompt_token_ids)
+                }) as span:
             outcome = await self._place(request, context)
-            span.set_attribute("baton.outcome", "placed" if isinstance(outcome, Placement) else "refused")
+            span.set_attribute("baton.outcome",
+                               "placed" if isinstance(outcome, Placement) else "refused")
             if isinstance(outcome, Rejection):
                 span.set_attribute("baton.rejection_reason", outcome.reason.value)
                 code, message, trailers = rejection_status(outcome)
-                # Refusals are counted by reason (baton_router_rejections_total); a log line apiece would add
-                # I/O to every refusal just when the router is busiest.
+                # Refusals are counted by reason (baton_router_rejections_total); a log line apiece
+                # would add I/O to every refusal just when the router is busiest.
                 log.debug("request %s: refused: %s", outcome.request_id, message)
                 await context.abort(code, message, trailing_metadata=trailers)
             span.set_attribute("baton.decode_worker", outcome.decode_worker_id)
@@ -131,8 +152,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if req.request_id in self._waiting:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {req.request_id!r} is already waiting")
-        # Registered before deciding, so an outcome settled from inside a later call always finds its waiter.
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"request {req.request_id!r} is already waiting")
+        # Registered before deciding, so an outcome settled from inside a later call always finds
+        # its waiter.
         future: asyncio.Future[Outcome] = self.loop.create_future()
         self._waiting[req.request_id] = future
         try:
@@ -149,24 +172,33 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         finally:
             self._waiting.pop(req.request_id, None)
 
-    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
+    async def Release(self, request: pb.ReleaseRequest,
+                      context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         ttft_s = request.observed_ttft_ms / 1000 if request.HasField("observed_ttft_ms") else None
         output = request.output_tokens if request.HasField("output_tokens") else None
         try:
             self.router.release(request.lease_id, ttft_s, output, request.failed_worker_id or None)
         except KeyError:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no open lease {request.lease_id!r} (released twice, "
-                                                           "or expired)")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no open lease {request.lease_id!r} (released twice, "
+                "or expired)")
         return pb.ReleaseResponse()
 
-    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+    async def Drain(self, request: pb.DrainRequest,
+                    context: grpc.aio.ServicerContext) -> pb.DrainResponse:
         unknown = self.router.drain(request.worker_ids)
         log.info("draining %s", [w for w in request.worker_ids if w not in unknown])
         return pb.DrainResponse(unknown_worker_ids=unknown)
 
-    async def GetStats(self, request: pb.GetRouterStatsRequest, context: grpc.aio.ServicerContext) -> pb.RouterStats:
+    async def GetStats(self, request: pb.GetRouterStatsRequest,
+                       context: grpc.aio.ServicerContext) -> pb.RouterStats:
         stats = self.router.stats()
-        pools = [pb.PoolStats(role=int(role), workers=p.workers, queued_prefill_tokens=p.queued_prefill_tokens,
-                              inflight_requests=p.inflight_requests, mean_kv_utilization=p.mean_kv_utilization,
-                              saturated_workers=p.saturated) for role, p in stats.pools.items()]
-        return pb.RouterStats(pools=pools, queued_requests=stats.queued_requests, leases=stats.leases)
+        pools = [
+            pb.PoolStats(role=int(role), workers=p.workers,
+                         queued_prefill_tokens=p.queued_prefill_tokens,
+                         inflight_requests=p.inflight_requests,
+                         mean_kv_utilization=p.mean_kv_utilization, saturated_workers=p.saturated)
+            for role, p in stats.pools.items()
+        ]
+        return pb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
+                              leases=stats.leases)

@@ -1,13 +1,16 @@
-"""Predicts time to first token from the prompt tokens queued ahead and each worker's measured prefill rate.
+"""Predicts time to first token from the prompt tokens queued ahead and each worker's measured
+prefill rate.
 
-A worker measures its own rate and sends it with its stats: prompt tokens per second over its recent steps that
-computed prompt tokens, decode rows in them included, so batching, chunking and interference are in it. That is
-the rate used whenever the worker has reported one: it is fresh from the first prompt on.
+A worker measures its own rate and sends it with its stats: prompt tokens per second over its recent
+steps that computed prompt tokens, decode rows in them included, so batching, chunking and
+interference are in it. That is the rate used whenever the worker has reported one: it is fresh from
+the first prompt on.
 
-Otherwise the rate is learned from what gateways report on release: a request that found Q prompt tokens queued
-on its worker and had U uncached tokens of its own saw its first token after T seconds, so that worker drained
-(Q + U) / T tokens per second. An EWMA per worker follows changes without jumping on one outlier. Releases come
-only when requests end, so under load this learns slowly; it stays as the fallback for workers that report none.
+Otherwise the rate is learned from what gateways report on release: a request that found Q prompt
+tokens queued on its worker and had U uncached tokens of its own saw its first token after T
+seconds, so that worker drained (Q + U) / T tokens per second. An EWMA per worker follows changes
+without jumping on one outlier. Releases come only when requests end, so under load this learns
+slowly; it stays as the fallback for workers that report none.
 """
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ class TTFTPredictor:
     def predict(self, worker_id: str, queued_tokens: int, uncached_tokens: int) -> float:
         return self.overhead_s + (queued_tokens + uncached_tokens) / self.tokens_per_s(worker_id)
 
-    def observe(self, worker_id: str, queued_tokens: int, uncached_tokens: int, observed_ttft_s: float) -> None:
-        """One measured request; ignored when it says nothing about the rate (no work, or no time past overhead)."""
+    def observe(self, worker_id: str, queued_tokens: int, uncached_tokens: int,
+                observed_ttft_s: float) -> None:
+        """One measured request; ignored when it says nothing about the rate (no work, or no time
+        past overhead)."""
         work = queued_tokens + uncached_tokens
         busy_s = observed_ttft_s - self.overhead_s
         if work <= 0 or busy_s <= 0:

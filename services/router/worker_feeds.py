@@ -1,9 +1,10 @@
-"""Per worker, the two feeds the router decides from: its load (GetStats, polled) and its prefix cache (a KV
-snapshot, then StreamKVEvents, resynced from a fresh snapshot on a gap).
+"""Per worker, the two feeds the router decides from: its load (GetStats, polled) and its prefix
+cache (a KV snapshot, then StreamKVEvents, resynced from a fresh snapshot on a gap).
 
-A feed either knows its worker's id (the worker registered itself) or learns it from the first stats answer (the
-worker came from a static list or from EndpointSlices); such a discovered worker is registered here with a lease
-that never runs out, since the discovery source, not a heartbeat, says when it leaves.
+A feed either knows its worker's id (the worker registered itself) or learns it from the first stats
+answer (the worker came from a static list or from EndpointSlices); such a discovered worker is
+registered here with a lease that never runs out, since the discovery source, not a heartbeat, says
+when it leaves.
 """
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ class WorkerFeed:
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._failing = False
         self._events_lost = False
-        self._tasks = [asyncio.ensure_future(self._poll_stats()), asyncio.ensure_future(self._follow_events())]
+        self._tasks = [
+            asyncio.ensure_future(self._poll_stats()),
+            asyncio.ensure_future(self._follow_events())
+        ]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -46,7 +50,7 @@ class WorkerFeed:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._channel.close()
 
-    # -- load ---------------------------------------------------------------------------------------------------
+    # -- load --------------------------------------------------------------------------------------
 
     async def _poll_stats(self) -> None:
         while True:
@@ -59,32 +63,37 @@ class WorkerFeed:
             await asyncio.sleep(self.poll_interval_s)
 
     def _on_poll_failure(self, error: grpc.aio.AioRpcError) -> None:
-        # Every failed poll counts toward the breaker (a dead worker opens it within a few polls, and a half-open
-        # probe reopens it), but the log says so once per outage.
+        # Every failed poll counts toward the breaker (a dead worker opens it within a few polls,
+        # and a half-open probe reopens it), but the log says so once per outage.
         if not self._failing:
-            log.warning("worker %s at %s: stats poll failed: %s %s", self.worker_id or "(unidentified)",
-                        self.address, error.code().name, error.details())
+            log.warning("worker %s at %s: stats poll failed: %s %s", self.worker_id or
+                        "(unidentified)", self.address,
+                        error.code().name, error.details())
             self._failing = True
         if self.worker_id is not None:
             self.router.report_failure(self.worker_id)
 
     def _on_stats(self, stats: wpb.WorkerStats) -> None:
         if self._failing:
-            log.info("worker %s at %s answers again", self.worker_id or stats.worker_id, self.address)
+            log.info("worker %s at %s answers again", self.worker_id or stats.worker_id,
+                     self.address)
             self._failing = False
         if self.discovered and not self._register(stats):
             return
-        # A registration names the worker; its stats must land under that name whatever the worker calls itself.
+        # A registration names the worker; its stats must land under that name whatever the worker
+        # calls itself.
         stats.worker_id = self.worker_id
         if not self.router.on_stats(stats) and self.discovered:
-            self._register(stats)  # the router dropped it (a lease ran out); a discovered worker comes back
+            # the router dropped it (a lease ran out); a discovered worker comes back
+            self._register(stats)
             self.router.on_stats(stats)
 
     def _register(self, stats: wpb.WorkerStats) -> bool:
         worker_id = stats.worker_id or self.address
         try:
-            self.router.register_worker(worker_id, self.address, Role(stats.role), model=stats.model,
-                                        block_size=stats.block_size, lease_ttl_s=float("inf"))
+            self.router.register_worker(worker_id, self.address, Role(stats.role),
+                                        model=stats.model, block_size=stats.block_size,
+                                        lease_ttl_s=float("inf"))
         except ValueError as e:
             if not self._failing:
                 log.error("worker at %s not added: %s", self.address, e)
@@ -97,7 +106,7 @@ class WorkerFeed:
         self._identified.set()
         return True
 
-    # -- prefix cache -------------------------------------------------------------------------------------------
+    # -- prefix cache ------------------------------------------------------------------------------
 
     async def _follow_events(self) -> None:
         await self._identified.wait()
@@ -107,37 +116,45 @@ class WorkerFeed:
                 await self._sync_and_stream()
                 backoff = RECONNECT_MIN_S  # a resync request, not a failure: go again at once
             except grpc.aio.AioRpcError as e:
-                # Without events the index falls back to this router's own placements for the worker.
+                # Without events the index falls back to this router's own placements for the
+                # worker.
                 self.router.set_events_available(self.worker_id, False)
                 if not self._events_lost:
-                    log.warning("worker %s: KV event stream lost (%s); prefix index approximate until it is back",
-                                self.worker_id, e.code().name)
+                    log.warning(
+                        "worker %s: KV event stream lost (%s); prefix index approximate until it "
+                        "is back",
+                        self.worker_id,
+                        e.code().name)
                     self._events_lost = True
                 await asyncio.sleep(backoff)
                 backoff = min(RECONNECT_MAX_S, backoff * 2)
 
     async def _sync_and_stream(self) -> None:
         """A snapshot first, then events after it; returns when the index asks for a resync."""
-        snapshot = await self._stub.GetKVSnapshot(wpb.GetKVSnapshotRequest(), timeout=self.rpc_timeout_s)
+        snapshot = await self._stub.GetKVSnapshot(wpb.GetKVSnapshotRequest(),
+                                                  timeout=self.rpc_timeout_s)
         snapshot.worker_id = self.worker_id
         self.router.on_kv_snapshot(snapshot)
         if self._events_lost:
             log.info("worker %s: KV events resynced from a snapshot of %d blocks", self.worker_id,
                      len(snapshot.block_hashes))
             self._events_lost = False
-        stream = self._stub.StreamKVEvents(wpb.StreamKVEventsRequest(after_sequence=snapshot.sequence))
+        stream = self._stub.StreamKVEvents(
+            wpb.StreamKVEventsRequest(after_sequence=snapshot.sequence))
         try:
             async for batch in stream:
                 batch.worker_id = self.worker_id
                 if not self.router.on_kv_events(batch):
-                    log.info("worker %s: KV events have a gap; resyncing from a snapshot", self.worker_id)
+                    log.info("worker %s: KV events have a gap; resyncing from a snapshot",
+                             self.worker_id)
                     return
         finally:
             stream.cancel()
 
 
 class FeedSet:
-    """The feeds of every worker the router knows, kept in step with registrations and with discovery."""
+    """The feeds of every worker the router knows, kept in step with registrations and with
+    discovery."""
 
     def __init__(self, router: Router, poll_interval_s: float, rpc_timeout_s: float) -> None:
         self.router = router
@@ -152,7 +169,8 @@ class FeedSet:
             return
         if feed is not None:
             self._stop(address)
-        self.feeds[address] = WorkerFeed(self.router, address, self.poll_interval_s, self.rpc_timeout_s, worker_id)
+        self.feeds[address] = WorkerFeed(self.router, address, self.poll_interval_s,
+                                         self.rpc_timeout_s, worker_id)
 
     def set_discovered(self, addresses: dict[str, bool]) -> None:
         """The discovery source's current view: address -> draining (a terminating endpoint)."""
@@ -164,18 +182,21 @@ class FeedSet:
             self._stop(address)
         for address, draining in addresses.items():
             if address not in self.feeds:
-                self.feeds[address] = WorkerFeed(self.router, address, self.poll_interval_s, self.rpc_timeout_s)
+                self.feeds[address] = WorkerFeed(self.router, address, self.poll_interval_s,
+                                                 self.rpc_timeout_s)
             feed = self.feeds[address]
             if draining and feed.worker_id is not None:
                 self.router.drain([feed.worker_id])
         self._discovered = set(addresses)
 
     def reconcile(self, members: Iterable[str]) -> None:
-        """Stops the feeds of registered workers the router dropped (their heartbeat lease ran out)."""
+        """Stops the feeds of registered workers the router dropped (their heartbeat lease ran
+        out)."""
         alive = set(members)
         for address, feed in list(self.feeds.items()):
             if not feed.discovered and feed.worker_id not in alive:
-                log.info("worker %s at %s stopped heartbeating; feed stopped", feed.worker_id, address)
+                log.info("worker %s at %s stopped heartbeating; feed stopped", feed.worker_id,
+                         address)
                 self._stop(address)
 
     def _stop(self, address: str) -> None:

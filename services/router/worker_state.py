@@ -1,9 +1,10 @@
-"""The router's view of one worker: its last reported load, the work this router placed there since, and whether
-it may receive anything new (registration lease, circuit breaker, draining).
+"""The router's view of one worker: its last reported load, the work this router placed there since,
+and whether it may receive anything new (registration lease, circuit breaker, draining).
 
-Active-active replicas each count only their own reservations. A reservation stops adding load once the worker
-reports stats taken after it was placed, because from then on the worker's own numbers include it; this assumes
-router and worker clocks agree to well within a stats period (NTP), which is also what the staleness bound needs.
+Active-active replicas each count only their own reservations. A reservation stops adding load once
+the worker reports stats taken after it was placed, because from then on the worker's own numbers
+include it; this assumes router and worker clocks agree to well within a stats period (NTP), which
+is also what the staleness bound needs.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ class BreakerState(enum.Enum):
 
 
 class CircuitBreaker:
-    """Opens after `failure_threshold` consecutive failures; after `cooldown_s` lets one probe through (half-open),
-    whose success closes it and whose failure opens it for another cooldown."""
+    """Opens after `failure_threshold` consecutive failures; after `cooldown_s` lets one probe
+    through (half-open), whose success closes it and whose failure opens it for another cooldown."""
 
     def __init__(self, failure_threshold: int, cooldown_s: float) -> None:
         self.failure_threshold = failure_threshold
@@ -42,7 +43,8 @@ class CircuitBreaker:
 
     def allows(self, now: float) -> bool:
         state = self.state(now)
-        return state is BreakerState.CLOSED or (state is BreakerState.HALF_OPEN and not self._probe_in_flight)
+        return state is BreakerState.CLOSED or (state is BreakerState.HALF_OPEN and
+                                                not self._probe_in_flight)
 
     def on_placed(self, now: float) -> None:
         # Only one request probes a half-open worker; the rest wait for its verdict.
@@ -64,7 +66,8 @@ class CircuitBreaker:
 
 @dataclass(frozen=True)
 class LoadReport:
-    """The fields of a baton.v1.WorkerStats the router uses, copied so later proto reuse cannot alter them."""
+    """The fields of a baton.v1.WorkerStats the router uses, copied so later proto reuse cannot
+    alter them."""
     timestamp_s: float
     num_running: int = 0
     num_waiting: int = 0
@@ -72,7 +75,8 @@ class LoadReport:
     kv_blocks_total: int = 0
     prefill_tokens_queued: int = 0
     draining: bool = False
-    decode_cost: DecodeCostFit | None = None  # the worker's fit of its decode step time; None before one
+    # the worker's fit of its decode step time; None before one
+    decode_cost: DecodeCostFit | None = None
     decode_rows: int = 0
     decode_context_tokens: int = 0
 
@@ -85,14 +89,16 @@ class LoadReport:
             stats.decode_step_ms_per_ktoken / 1e6, samples)
         return cls(timestamp_s=stats.timestamp_unix_ms / 1000.0, num_running=stats.num_running,
                    num_waiting=stats.num_waiting, kv_blocks_used=stats.kv_blocks_used,
-                   kv_blocks_total=stats.kv_blocks_total, prefill_tokens_queued=stats.prefill_tokens_queued,
-                   draining=stats.draining, decode_cost=cost, decode_rows=getattr(stats, "decode_rows", 0),
+                   kv_blocks_total=stats.kv_blocks_total,
+                   prefill_tokens_queued=stats.prefill_tokens_queued, draining=stats.draining,
+                   decode_cost=cost, decode_rows=getattr(stats, "decode_rows", 0),
                    decode_context_tokens=getattr(stats, "decode_context_tokens", 0))
 
 
 @dataclass(frozen=True)
 class SaturationLimits:
-    """Past any of these a worker counts as saturated: new work would only queue behind old work there."""
+    """Past any of these a worker counts as saturated: new work would only queue behind old work
+    there."""
     max_stats_age_s: float
     queued_prefill_tokens: int
     inflight_requests: int
@@ -104,7 +110,8 @@ class _Reservation:
     placed_at: float
     prefill_tokens: int
     kv_blocks: int
-    context_tokens: int = 0  # what the request adds to the worker's decode batch (0: it decodes elsewhere)
+    # what the request adds to the worker's decode batch (0: it decodes elsewhere)
+    context_tokens: int = 0
 
 
 @dataclass
@@ -116,8 +123,9 @@ class WorkerState:
     lease_expires_at: float = float("inf")
     draining: bool = False
     report: LoadReport | None = None
-    # This router's outstanding reservations (lease id -> reservation); the unseen ones (placed after the last
-    # report) are kept apart, oldest first, with running sums so a decision never walks them.
+    # This router's outstanding reservations (lease id -> reservation); the unseen ones (placed
+    # after the last report) are kept apart, oldest first, with running sums so a decision never
+    # walks them.
     _reservations: dict[str, _Reservation] = field(default_factory=dict)
     _unseen: "OrderedDict[str, _Reservation]" = field(default_factory=OrderedDict)
     _unseen_tokens: int = 0
@@ -126,8 +134,9 @@ class WorkerState:
     _unseen_context: int = 0
 
     def on_stats(self, report: LoadReport, grace_s: float = 0.0) -> None:
-        """A new report; reservations placed at least grace_s before it was taken stop counting, since by then
-        the request has reached the worker (the gateway's call to it takes time after the placement)."""
+        """A new report; reservations placed at least grace_s before it was taken stop counting,
+        since by then the request has reached the worker (the gateway's call to it takes time after
+        the placement)."""
         # Out-of-order stats (two streams, a retry) must not roll the view back.
         if self.report is not None and report.timestamp_s < self.report.timestamp_s:
             return
@@ -175,7 +184,8 @@ class WorkerState:
             self._unseen_context -= res.context_tokens
 
     def decode_batch(self) -> tuple[int, int]:
-        """(rows, context tokens) of the decode batch: the reported one plus this router's unseen placements."""
+        """(rows, context tokens) of the decode batch: the reported one plus this router's unseen
+        placements."""
         rows = self.report.decode_rows if self.report is not None else 0
         tokens = self.report.decode_context_tokens if self.report is not None else 0
         return rows + self._unseen_rows, tokens + self._unseen_context
@@ -189,19 +199,23 @@ class WorkerState:
         return reported + self._unseen_tokens
 
     def inflight_requests(self) -> int:
-        reported = self.report.num_running + self.report.num_waiting if self.report is not None else 0
+        reported = (self.report.num_running +
+                    self.report.num_waiting if self.report is not None else 0)
         return reported + len(self._unseen)
 
     def kv_utilization(self) -> float:
-        """Used share of the KV cache, counting blocks this router's unseen placements will take; 1 when unknown."""
+        """Used share of the KV cache, counting blocks this router's unseen placements will take; 1
+        when unknown."""
         if self.report is None or self.report.kv_blocks_total == 0:
             return 1.0
-        return min(1.0, (self.report.kv_blocks_used + self._unseen_blocks) / self.report.kv_blocks_total)
+        return min(1.0,
+                   (self.report.kv_blocks_used + self._unseen_blocks) / self.report.kv_blocks_total)
 
     def free_kv_blocks(self) -> int:
         if self.report is None:
             return 0
-        return max(0, self.report.kv_blocks_total - self.report.kv_blocks_used - self._unseen_blocks)
+        return max(0,
+                   self.report.kv_blocks_total - self.report.kv_blocks_used - self._unseen_blocks)
 
     def is_saturated(self, now: float, limits: SaturationLimits) -> bool:
         return (self.is_stale(now, limits.max_stats_age_s)

@@ -1,4 +1,5 @@
-"""The decode side: serve a request's tokens, after pulling its prompt's KV from a prefill worker when handed one.
+"""The decode side: serve a request's tokens, after pulling its prompt's KV from a prefill worker
+when handed one.
 
 A failed or slow pull never loses the request: by policy it is recomputed here (the default) or
 failed. The hand-off's states on this side (RESERVED, PULLING, COMMITTED, PARKED) are drawn in
@@ -31,11 +32,13 @@ RESERVE_RETRY_SECONDS = 0.01
 
 
 class HandleNotFound(LookupError):
-    """The prefill worker is alive but holds no such lease (expired, released or never granted): NOT_FOUND."""
+    """The prefill worker is alive but holds no such lease (expired, released or never granted):
+    NOT_FOUND."""
 
 
 class TransferFailed(RuntimeError):
-    """The KV pull failed and the policy says fail: the caller gets UNAVAILABLE and may retry elsewhere."""
+    """The KV pull failed and the policy says fail: the caller gets UNAVAILABLE and may retry
+    elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,8 @@ class DecodeSide:
                 out = await stream.get()
         finally:
             self.loop.close_stream(request_id)
-            if not finished:  # the caller went away, or we failed: stop the work and free the blocks
+            # the caller went away, or we failed: stop the work and free the blocks
+            if not finished:
                 self.loop.submit(lambda e: e.abort(request_id))
 
     async def _receive(self, request: EngineRequest,
@@ -102,7 +106,8 @@ class DecodeSide:
         reservation = await self._reserve(request)
         try:
             if reservation is None:
-                raise KVTransferError(f"no free KV blocks within {self.config.transfer_timeout_seconds}s")
+                raise KVTransferError(
+                    f"no free KV blocks within {self.config.transfer_timeout_seconds}s")
             blocks, hits = reservation
             with tracer.start_as_current_span("kv_transfer", attributes={
                     "baton.request_id": request_id, "baton.transport": self.transport.name,
@@ -116,13 +121,14 @@ class DecodeSide:
         return "transfer", first
 
     async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
-        """Frees blocks reserved for a failed pull. A timed-out NIXL READ may still land later (the transfer is
-        one-sided and a stalled peer can resume), so those blocks stay out of use until the peer's lease is
-        surely over, rather than be handed to another request and overwritten."""
+        """Frees blocks reserved for a failed pull. A timed-out NIXL READ may still land later (the
+        transfer is one-sided and a stalled peer can resume), so those blocks stay out of use until
+        the peer's lease is surely over, rather than be handed to another request and
+        overwritten."""
         if error.reason == "timeout" and self.transport.name == "nixl":
             delay = self.config.lease_seconds + self.config.transfer_timeout_seconds
-            log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read", request_id,
-                        delay)
+            log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read",
+                        request_id, delay)
             ticket = await self.loop.call(lambda e: e.park_reserved(request_id))
             asyncio.get_running_loop().call_later(
                 delay, lambda: self.loop.submit(lambda e: e.release_parked(ticket)))
@@ -137,27 +143,31 @@ class DecodeSide:
                 return reservation
             await asyncio.sleep(RESERVE_RETRY_SECONDS)
 
-    async def _pull(self, request_id: str, handle: pb.KVHandle, blocks: list[int], hits: int) -> None:
+    async def _pull(self, request_id: str, handle: pb.KVHandle, blocks: list[int],
+                    hits: int) -> None:
         if handle.transport != self.transport.name:
-            raise KVTransferError(f"the handle is for the {handle.transport!r} transport; this worker uses "
-                                  f"{self.transport.name!r}")
+            raise KVTransferError(
+                f"the handle is for the {handle.transport!r} transport; this worker uses "
+                f"{self.transport.name!r}")
         if len(handle.block_ids) != len(blocks):
-            raise KVTransferError(f"the handle holds {len(handle.block_ids)} blocks; this worker needs "
-                                  f"{len(blocks)} (block sizes differ?)")
+            raise KVTransferError(
+                f"the handle holds {len(handle.block_ids)} blocks; this worker needs "
+                f"{len(blocks)} (block sizes differ?)")
         remote, local = list(handle.block_ids[hits:]), blocks[hits:]
-        if not remote:  # every block was already cached here: nothing to read, so tell the prefill side directly
+        # every block was already cached here: nothing to read, so tell the prefill side directly
+        if not remote:
             await self._release_remote(handle)
             return
-        await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local, request_id.encode(),
-                                self.config.transfer_timeout_seconds)
+        await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local,
+                                request_id.encode(), self.config.transfer_timeout_seconds)
 
     async def _fall_back(self, request: EngineRequest, handle: pb.KVHandle,
                          error: KVTransferError) -> tuple[str, RequestOutput | None]:
         request_id = request.request_id
         policy = self.config.transfer_failure_policy
         self.metrics.kv_fallbacks.labels(self.metrics.model_name, policy).inc()
-        log.warning("request %s: KV pull from %s failed (%s); policy: %s", request_id, handle.worker_address,
-                    error, policy)
+        log.warning("request %s: KV pull from %s failed (%s); policy: %s", request_id,
+                    handle.worker_address, error, policy)
         asyncio.ensure_future(self._release_remote(handle))
         if policy == "fail":
             raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
@@ -167,24 +177,27 @@ class DecodeSide:
     def _peer(self, address: str) -> worker_pb2_grpc.WorkerStub:
         stub = self._peers.get(address)
         if stub is None:
-            stub = self._peers[address] = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(address))
+            stub = self._peers[address] = worker_pb2_grpc.WorkerStub(
+                grpc.aio.insecure_channel(address))
         return stub
 
     async def _confirm_lease(self, handle: pb.KVHandle) -> None:
-        """Extends the lease before reading: a one-sided NIXL READ cannot tell live blocks from reused ones, so a
-        handle is checked (and kept alive for the read) first. An unreachable prefill worker is left to the pull's
-        failure path, which recomputes."""
+        """Extends the lease before reading: a one-sided NIXL READ cannot tell live blocks from
+        reused ones, so a handle is checked (and kept alive for the read) first. An unreachable
+        prefill worker is left to the pull's failure path, which recomputes."""
         if handle.expires_at_unix_ms < time.time() * 1000:
             raise HandleNotFound(f"KV handle for request {handle.request_id!r} expired")
         try:
-            await self._peer(handle.worker_address).UpdateLease(
-                pb.UpdateLeaseRequest(request_id=handle.request_id), timeout=self.config.transfer_timeout_seconds)
+            await self._peer(handle.worker_address
+                             ).UpdateLease(pb.UpdateLeaseRequest(request_id=handle.request_id),
+                                           timeout=self.config.transfer_timeout_seconds)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 raise HandleNotFound(e.details()) from None
 
     async def _release_remote(self, handle: pb.KVHandle) -> None:
-        """Best effort: a dead prefill worker's blocks are gone anyway, and a live one's lease expires."""
+        """Best effort: a dead prefill worker's blocks are gone anyway, and a live one's lease
+        expires."""
         try:
             await self._peer(handle.worker_address).UpdateLease(
                 pb.UpdateLeaseRequest(request_id=handle.request_id, release=True), timeout=5)
@@ -194,7 +207,8 @@ class DecodeSide:
 
 
 class _Timer:
-    """Per-request latency observations (TTFT, inter-token latency, end-to-end) as seen by this worker."""
+    """Per-request latency observations (TTFT, inter-token latency, end-to-end) as seen by this
+    worker."""
 
     def __init__(self, metrics: WorkerMetrics, arrived: float) -> None:
         self.metrics, self.arrived, self.last = metrics, arrived, None

@@ -1,7 +1,8 @@
 """The engine on its own thread, driven from an asyncio event loop.
 
-The engine is single-threaded by design (as vLLM's core loop), so every mutation runs on its thread: callers
-submit commands that run between steps, and each request's outputs arrive on its own asyncio queue.
+The engine is single-threaded by design (as vLLM's core loop), so every mutation runs on its thread:
+callers submit commands that run between steps, and each request's outputs arrive on its own asyncio
+queue.
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.loop = loop
-        self.after_step: list[Callable[[LLMEngine], None]] = []  # engine-thread hooks (events, notifications)
-        self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], asyncio.Future | None]] = \
-            queue.SimpleQueue()
+        # engine-thread hooks (events, notifications)
+        self.after_step: list[Callable[[LLMEngine], None]] = []
+        self._commands: queue.SimpleQueue[
+            tuple[Callable[[LLMEngine], Any], asyncio.Future | None]] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._wake = threading.Event()
         self._stopped = False
@@ -48,7 +50,8 @@ class EngineLoop:
         return await future
 
     def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
-        """Fire and forget: for cleanups that must happen even when the caller is being cancelled."""
+        """Fire and forget: for cleanups that must happen even when the caller is being
+        cancelled."""
         self._commands.put((fn, None))
         self._wake.set()
 

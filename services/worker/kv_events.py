@@ -1,5 +1,6 @@
-"""The worker's KV-event log: block-stored and block-removed events with sequence numbers, kept in a bounded
-buffer so a reconnecting consumer (the router's prefix index) can resume, or learn it must resync."""
+"""The worker's KV-event log: block-stored and block-removed events with sequence numbers, kept in a
+bounded buffer so a reconnecting consumer (the router's prefix index) can resume, or learn it must
+resync."""
 from __future__ import annotations
 
 import threading

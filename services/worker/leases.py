@@ -1,5 +1,6 @@
-"""Leases on a prefill worker's held KV blocks: granted at prefill, extended by the decode side's heartbeats,
-ended by its release notice or by expiry (so a dead decode worker never pins blocks for long).
+"""Leases on a prefill worker's held KV blocks: granted at prefill, extended by the decode side's
+heartbeats, ended by its release notice or by expiry (so a dead decode worker never pins blocks for
+long).
 
 A lease is the hand-off's clock only: the engine owns the blocks (HELD in
 services/engine/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells

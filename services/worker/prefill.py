@@ -1,5 +1,6 @@
-"""The prefill side of the hand-off: run the prompt, sample the first token, hold the blocks under a lease, and
-free them on the decode worker's notice or at expiry (the states: services/engine/handoff.py)."""
+"""The prefill side of the hand-off: run the prompt, sample the first token, hold the blocks under a
+lease, and free them on the decode worker's notice or at expiry (the states:
+services/engine/handoff.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,9 @@ class Prefilled:
 
 
 class PrefillSide:
-    def __init__(self, config: WorkerConfig, loop: EngineLoop, transport: KVTransport, metrics: WorkerMetrics,
-                 worker_id: str, address: str) -> None:
+
+    def __init__(self, config: WorkerConfig, loop: EngineLoop, transport: KVTransport,
+                 metrics: WorkerMetrics, worker_id: str, address: str) -> None:
         self.config = config
         self.loop = loop
         self.transport = transport
@@ -59,8 +61,8 @@ class PrefillSide:
 
     async def _respond(self, request: EngineRequest, out: RequestOutput) -> Prefilled:
         request_id = request.request_id
-        # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the caller's own
-        # max_tokens=1 is, and then nothing is handed off.
+        # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the
+        # caller's own max_tokens=1 is, and then nothing is handed off.
         if out.finish_reason != "length" or request.params.max_tokens == 1:
             await self.loop.call(lambda e: e.release_kv(request_id))
             return Prefilled(out, None)
@@ -73,12 +75,12 @@ class PrefillSide:
     def _handle(self, request_id: str, held: HeldKV, num_tokens: int,
                 expires_at: float) -> pb.KVHandle:
         peer = self.transport.local_peer()
-        return pb.KVHandle(
-            request_id=request_id, worker_id=self.worker_id, worker_address=self.address,
-            transport=self.transport.name, agent_name=peer.name, agent_host=peer.host, agent_port=peer.port,
-            layout=layout_to_proto(peer.layout),
-            block_ids=held.block_ids, num_tokens=num_tokens,
-            expires_at_unix_ms=int(expires_at * 1000), block_hashes=held.block_hashes)
+        return pb.KVHandle(request_id=request_id, worker_id=self.worker_id,
+                           worker_address=self.address, transport=self.transport.name,
+                           agent_name=peer.name, agent_host=peer.host, agent_port=peer.port,
+                           layout=layout_to_proto(peer.layout), block_ids=held.block_ids,
+                           num_tokens=num_tokens, expires_at_unix_ms=int(expires_at * 1000),
+                           block_hashes=held.block_hashes)
 
     async def leased_blocks(self, request_id: str, block_ids: list[int]) -> list[int]:
         """The blocks of a live lease that a pull asks for; raises UnknownHandle otherwise."""
@@ -91,7 +93,8 @@ class PrefillSide:
             raise gone
         stray = set(block_ids) - set(held.block_ids)
         if stray:
-            raise UnknownHandle(f"blocks {sorted(stray)} are not part of request {request_id!r}'s lease")
+            raise UnknownHandle(
+                f"blocks {sorted(stray)} are not part of request {request_id!r}'s lease")
         return block_ids
 
     async def release(self, request_id: str) -> bool:
@@ -105,15 +108,17 @@ class PrefillSide:
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
         if expired:
             self.metrics.lease_expiries.labels(self.metrics.model_name).inc()
-            log.warning("request %s: KV lease expired before the decode worker released it; blocks freed",
-                        request_id)
+            log.warning(
+                "request %s: KV lease expired before the decode worker released it; blocks freed",
+                request_id)
 
     async def release_all(self) -> None:
         for request_id in self.leases.request_ids():
             await self.release(request_id)
 
     async def housekeeping(self) -> None:
-        """Frees blocks on read notifications and at lease expiry; runs for the worker's lifetime."""
+        """Frees blocks on read notifications and at lease expiry; runs for the worker's
+        lifetime."""
         while True:
             for message in self.transport.take_notifications():
                 await self.release(message.decode())

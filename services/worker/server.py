@@ -1,5 +1,6 @@
-"""Assembles a worker: engine on its thread, KV transport, gRPC service with standard health checks, HTTP probes
-and metrics, and a SIGTERM drain (stop taking work, finish what is in flight, release leases, exit 0)."""
+"""Assembles a worker: engine on its thread, KV transport, gRPC service with standard health checks,
+HTTP probes and metrics, and a SIGTERM drain (stop taking work, finish what is in flight, release
+leases, exit 0)."""
 from __future__ import annotations
 
 import asyncio
@@ -57,7 +58,8 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     probes = None
     if config.metrics_port is not None:
-        probes = serve_probes(config.host, config.metrics_port, registry, lambda: not servicer.draining)
+        probes = serve_probes(config.host, config.metrics_port, registry,
+                              lambda: not servicer.draining)
     loop.start()
     await server.start()
     for name in ("", SERVICE_NAME):
@@ -72,11 +74,14 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
     # The one line launchers and tests wait for: it says the worker is serving and where.
-    print(f"baton worker ready: role={config.role} address={address} transport={transport.name}{metrics_at}",
-          flush=True)
+    print(
+        f"baton worker ready: role={config.role} address={address} "
+        f"transport={transport.name}{metrics_at}",
+        flush=True)
     await stop.wait()
     if registration is not None:
-        registration.cancel()  # stop heartbeating first: the router stops placing here as the lease runs out
+        # stop heartbeating first: the router stops placing here as the lease runs out
+        registration.cancel()
     await _drain(config, servicer, health_servicer, metrics, prefill)
     housekeeping.cancel()
     await server.stop(grace=1)
@@ -87,16 +92,18 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
     return 0
 
 
-async def _drain(config: WorkerConfig, servicer: WorkerServicer, health_servicer: health.aio.HealthServicer,
-                 metrics: WorkerMetrics, prefill: PrefillSide) -> None:
+async def _drain(config: WorkerConfig, servicer: WorkerServicer,
+                 health_servicer: health.aio.HealthServicer, metrics: WorkerMetrics,
+                 prefill: PrefillSide) -> None:
     servicer.draining = True
     metrics.draining.labels(metrics.model_name).set(1)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    log.info("draining: %d requests in flight, %d leases held", servicer.in_flight, len(prefill.leases))
+    log.info("draining: %d requests in flight, %d leases held", servicer.in_flight,
+             len(prefill.leases))
     try:
         await asyncio.wait_for(servicer.idle.wait(), timeout=config.drain_grace_seconds)
     except asyncio.TimeoutError:
-        log.warning("drain grace of %ss ran out with %d requests in flight", config.drain_grace_seconds,
-                    servicer.in_flight)
+        log.warning("drain grace of %ss ran out with %d requests in flight",
+                    config.drain_grace_seconds, servicer.in_flight)
     await prefill.release_all()

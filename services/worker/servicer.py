@@ -1,5 +1,6 @@
-"""The Worker gRPC service: validates requests, maps errors to status codes, and hands work to the prefill and
-decode sides. Every refusal carries a message; every failure is logged once with its request id."""
+"""The Worker gRPC service: validates requests, maps errors to status codes, and hands work to the
+prefill and decode sides. Every refusal carries a message; every failure is logged once with its
+request id."""
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,10 @@ def _trace_context(context: grpc.aio.ServicerContext):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, config: WorkerConfig, engine: LLMEngine, loop: EngineLoop, prefill: PrefillSide,
-                 decode: DecodeSide, events: KVEventLog, worker_id: str) -> None:
+
+    def __init__(self, config: WorkerConfig, engine: LLMEngine, loop: EngineLoop,
+                 prefill: PrefillSide, decode: DecodeSide, events: KVEventLog,
+                 worker_id: str) -> None:
         self.config = config
         self.engine = engine
         self.loop = loop
@@ -59,13 +62,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def _admit(self, context: grpc.aio.ServicerContext, phase: Role, meta: pb.RequestMeta,
                      prompt: list[int]) -> str:
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining; retry on another worker")
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                "worker is draining; retry on another worker")
         if not Role.of(self.config.role).serves(phase):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"a {self.config.role} worker does not serve {phase.label}")
         if len(prompt) > MAX_PROMPT_TOKENS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"prompt has {len(prompt)} tokens; at most {MAX_PROMPT_TOKENS} are accepted")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"prompt has {len(prompt)} tokens; at most {MAX_PROMPT_TOKENS} are accepted")
         return meta.request_id or f"req-{uuid.uuid4().hex}"
 
     @staticmethod
@@ -83,7 +88,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if self.in_flight == 0:
             self.idle.set()
 
-    async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
+    async def Prefill(self, request: pb.PrefillRequest,
+                      context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
         prompt = list(request.prompt_token_ids)
         request_id = await self._admit(context, Role.PREFILL, request.meta, prompt)
         self._enter()
@@ -106,7 +112,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         request_id = await self._admit(context, Role.DECODE, request.meta, prompt)
         handoff = None
         if request.HasField("kv_handle"):
-            first_lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
+            first_lp = logprob_from_proto(
+                request.first_logprob) if request.HasField("first_logprob") else None
             handoff = KVHandoff(request.kv_handle, request.first_token_id, first_lp)
         self._enter()
         try:
@@ -128,7 +135,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         finally:
             self._leave()
 
-    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+    async def Abort(self, request: pb.AbortRequest,
+                    context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         rid = request.request_id
         leased = await self.prefill_side.release(rid)
         return pb.AbortResponse(found=await self.loop.call(lambda e: e.abort(rid)) or leased)
@@ -139,13 +147,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return pb.UpdateLeaseResponse(found=await self.prefill_side.release(request.request_id))
         lease = self.prefill_side.leases.extend(request.request_id)
         if lease is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no live KV lease for request {request.request_id!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no live KV lease for request {request.request_id!r}")
         return pb.UpdateLeaseResponse(found=True, expires_at_unix_ms=int(lease.expires_at * 1000))
 
-    async def PullKV(self, request: pb.PullKVRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVChunk]:
+    async def PullKV(self, request: pb.PullKVRequest,
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVChunk]:
         transport = self.prefill_side.transport
         if not isinstance(transport, KVStreamSource):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this worker moves KV with {transport.name}")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this worker moves KV with {transport.name}")
         try:
             blocks = await self.prefill_side.leased_blocks(request.request_id,
                                                            list(request.block_ids))
@@ -154,25 +165,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except KVTransferError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        while batch := await asyncio.to_thread(_take, chunks, PULL_BATCH):  # copies off the event loop
+        # copies off the event loop
+        while batch := await asyncio.to_thread(_take, chunks, PULL_BATCH):
             for chunk in batch:
                 yield chunk
         transport.record_notification(request.request_id.encode())
 
-    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.WorkerStats:
+    async def GetStats(self, request: pb.GetStatsRequest,
+                       context: grpc.aio.ServicerContext) -> pb.WorkerStats:
         s = self.engine.stats()
         fit = s.decode_fit
-        decode = {} if fit is None else dict(
-            decode_step_ms_base=fit.base_s * 1e3, decode_step_ms_per_sequence=fit.per_sequence_s * 1e3,
-            decode_step_ms_per_ktoken=fit.per_token_s * 1e6, decode_step_samples=fit.samples)
+        decode = {} if fit is None else dict(decode_step_ms_base=fit.base_s *
+                                             1e3, decode_step_ms_per_sequence=fit.per_sequence_s *
+                                             1e3, decode_step_ms_per_ktoken=fit.per_token_s *
+                                             1e6, decode_step_samples=fit.samples)
         return pb.WorkerStats(
             decode_rows=s.decode_rows, decode_context_tokens=s.decode_context_tokens, **decode,
-            worker_id=self.worker_id, role=Role.of(self.config.role), timestamp_unix_ms=int(time.time() * 1000),
-            num_running=s.num_running, num_waiting=s.num_waiting,
-            kv_blocks_used=s.kv_blocks_total - s.kv_blocks_free, kv_blocks_total=s.kv_blocks_total,
-            prefill_tokens_queued=s.prefill_tokens_queued,
-            recent_step_ms=[t * 1000 for t in s.recent_step_seconds],
-            num_leases=len(self.prefill_side.leases), draining=self.draining,
+            worker_id=self.worker_id, role=Role.of(self.config.role),
+            timestamp_unix_ms=int(time.time() * 1000), num_running=s.num_running,
+            num_waiting=s.num_waiting, kv_blocks_used=s.kv_blocks_total - s.kv_blocks_free,
+            kv_blocks_total=s.kv_blocks_total, prefill_tokens_queued=s.prefill_tokens_queued,
+            recent_step_ms=[t * 1000 for t in s.recent_step_seconds
+                            ], num_leases=len(self.prefill_side.leases), draining=self.draining,
             block_size=self.engine.block_size, model=self.engine.model_id,
             prefill_tokens_per_s=s.prefill_tokens_per_s or 0.0)
 
@@ -182,10 +196,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         while True:
             events, gap = self.events.since(after)
             if events or gap:
-                yield pb.KVEventBatch(worker_id=self.worker_id, gap=gap, events=[
-                    pb.KVEvent(sequence=ev.sequence, block_hashes=[ev.block_hash],
-                               kind=pb.KVEvent.KIND_STORED if ev.kind == "stored" else pb.KVEvent.KIND_REMOVED)
-                    for ev in events])
+                yield pb.KVEventBatch(
+                    worker_id=self.worker_id, gap=gap, events=[
+                        pb.KVEvent(
+                            sequence=ev.sequence, block_hashes=[ev.block_hash],
+                            kind=pb.KVEvent.KIND_STORED
+                            if ev.kind == "stored" else pb.KVEvent.KIND_REMOVED) for ev in events
+                    ])
                 after = events[-1].sequence if events else self.events.last_sequence
             await asyncio.sleep(EVENT_POLL_SECONDS)
 

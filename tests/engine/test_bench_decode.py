@@ -1,4 +1,5 @@
-"""`baton bench decode-step` on the tiny model: it runs pure decode steps and computes the floor it prints."""
+"""`baton bench decode-step` on the tiny model: it runs pure decode steps and computes the floor it
+prints."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,12 @@ def _run(argv: list[str]) -> int:
 
 def test_decode_step_rows_and_floor(tiny_model_dirs, tmp_path, capsys):
     model, out = tiny_model_dirs["llama"], tmp_path / "ds.json"
-    assert _run(["--model", str(model), "--batch-sizes", "1,4", "--context", "40", "--steps", "3", "--warmup", "1",
-                 "--bandwidth-gbps", "100", "--output-json", str(out)]) == 0
+    assert _run([
+        "--model",
+        str(model), "--batch-sizes", "1,4", "--context", "40", "--steps", "3", "--warmup", "1",
+        "--bandwidth-gbps", "100", "--output-json",
+        str(out)
+    ]) == 0
     doc = json.loads(out.read_text())
     assert [(r["batch"], r["context"], r["steps"]) for r in doc["rows"]] == [(1, 40, 3), (4, 40, 3)]
     engine = LLMEngine(EngineConfig(model=str(model), num_kv_blocks=16))
@@ -33,13 +38,17 @@ def test_decode_step_rows_and_floor(tiny_model_dirs, tmp_path, capsys):
     for row in doc["rows"]:
         floor_ms = (weights + row["batch"] * row["context"] * kv) / 100e9 * 1e3
         assert abs(row["floor_ms"] - floor_ms) < 1e-9
-        assert abs(row["ratio_to_floor"] - row["median_ms"] / row["floor_ms"]) < 1e-9 * row["ratio_to_floor"]
+        assert abs(row["ratio_to_floor"] -
+                   row["median_ms"] / row["floor_ms"]) < 1e-9 * row["ratio_to_floor"]
     assert "x floor" in capsys.readouterr().out
 
 
 def test_decode_step_floor_is_na_on_cpu_without_bandwidth(tiny_model_dirs, capsys):
-    assert _run(["--model", str(tiny_model_dirs["llama"]), "--device", "cpu", "--batch-sizes", "2", "--context", "8",
-                 "--steps", "1", "--warmup", "0"]) == 0
+    assert _run([
+        "--model",
+        str(tiny_model_dirs["llama"]), "--device", "cpu", "--batch-sizes", "2", "--context", "8",
+        "--steps", "1", "--warmup", "0"
+    ]) == 0
     assert "n/a" in capsys.readouterr().out
 
 

@@ -10,9 +10,11 @@ from baton.services.engine.llm_engine import LLMEngine
 
 
 def test_prefill_rate_counts_only_steps_that_computed_prompt_tokens(tiny_model_dirs):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim", max_num_batched_tokens=256))
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim", max_num_batched_tokens=256))
     assert engine.counters.prefill_tokens_per_s() is None
-    prompts = [list(range(10, 110)), list(range(200, 500))]  # 400 prompt tokens: two steps at 256 per step
+    # 400 prompt tokens: two steps at 256 per step
+    prompts = [list(range(10, 110)), list(range(200, 500))]
     engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
     steps = list(engine.counters.recent_prefill_steps)
     assert [tokens for tokens, _ in steps] == [256, 144]
@@ -25,23 +27,29 @@ def test_decode_cost_fit_recovers_a_linear_cost_and_falls_back_when_it_cannot():
     model = DecodeCostModel()
     assert model.fit() is None
     for rows in (1, 4, 9, 16, 25, 3, 12):
-        context = rows * (300 + 7 * rows)  # not proportional to rows, so both slopes are identifiable
+        # not proportional to rows, so both slopes are identifiable
+        context = rows * (300 + 7 * rows)
         model.record(rows, context, 0.005 + 0.0004 * rows + 2e-6 * context)
     fit = model.fit()
-    assert (fit.base_s, fit.per_sequence_s, fit.per_token_s) == pytest.approx((0.005, 0.0004, 2e-6), rel=1e-6)
+    assert (fit.base_s, fit.per_sequence_s, fit.per_token_s) == pytest.approx((0.005, 0.0004, 2e-6),
+                                                                              rel=1e-6)
     assert fit.samples == 7
-    # Step times that fall as the batch grows fit no cost with non-negative slopes: proportional to rows.
+    # Step times that fall as the batch grows fit no cost with non-negative slopes: proportional to
+    # rows.
     falling = DecodeCostModel()
     for rows, seconds in ((1, 0.04), (2, 0.03), (4, 0.02), (8, 0.01)):
         falling.record(rows, rows * 100, seconds)
     fit = falling.fit()
-    assert (fit.base_s, fit.per_token_s) == (0.0, 0.0) and fit.per_sequence_s == pytest.approx(0.1 / 15)
+    assert (fit.base_s, fit.per_token_s) == (0.0, 0.0) and fit.per_sequence_s == pytest.approx(
+        0.1 / 15)
 
 
 def test_engine_records_decode_steps_with_their_batch(tiny_model_dirs):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim"))
-    engine.generate([list(range(10, 50)), list(range(60, 80))], SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.generate([list(range(10, 50)), list(range(60, 80))],
+                    SamplingParams(max_tokens=6, ignore_eos=True))
     samples = list(engine.counters.decode_cost._samples)
-    # One prefill step for both prompts, then five steps of two rows; the context grows by one token a row a step.
+    # One prefill step for both prompts, then five steps of two rows; the context grows by one token
+    # a row a step.
     assert [(rows, context) for rows, context, _ in samples] == [(2, 62 + 2 * k) for k in range(5)]
     assert engine.decode_load() == (0, 0)  # all finished

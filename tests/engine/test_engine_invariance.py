@@ -28,7 +28,11 @@ def llama(tiny_model_dirs):
 def prompts():
     # Repeat some prefixes so that the prefix cache is really exercised.
     base = random_prompts(NUM_PROMPTS // 2, vocab_size=500, seed=1)
-    return base + [p[: max(1, len(p) // 2)] + q for p, q in zip(base, random_prompts(NUM_PROMPTS // 2, 500, seed=2))]
+    return base + [
+        p[:max(1,
+               len(p) // 2)] + q
+        for p, q in zip(base, random_prompts(NUM_PROMPTS // 2, 500, seed=2))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,8 @@ def test_one_request_alone_matches_batched(llama, prompts, baseline):
 
 
 def test_preemption_happens_and_changes_nothing(llama, prompts, baseline):
-    # 24 blocks of 16 tokens hold only a few of these sequences at once, so the scheduler must preempt.
+    # 24 blocks of 16 tokens hold only a few of these sequences at once, so the scheduler must
+    # preempt.
     tokens, engine = greedy(llama, prompts, num_kv_blocks=24)
     assert tokens == baseline
     assert engine.scheduler.stats.preemptions > 0
@@ -65,7 +70,8 @@ def test_preemption_happens_and_changes_nothing(llama, prompts, baseline):
 def test_abort_mid_flight_returns_blocks(llama, prompts):
     _, engine = greedy(llama, prompts[:1], max_tokens=1)
     for i, p in enumerate(prompts[:8]):
-        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+        engine.add_request(f"r{i}", p,
+                           SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
     for _ in range(3):
         engine.step()
     assert engine.blocks.num_free_blocks < engine.blocks.num_blocks

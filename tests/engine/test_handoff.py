@@ -1,5 +1,5 @@
-"""The engine's two ends of a KV hand-off, in one process: blocks copied between two engines' caches give the
-same tokens as one engine alone, and every block comes back on both sides."""
+"""The engine's two ends of a KV hand-off, in one process: blocks copied between two engines' caches
+give the same tokens as one engine alone, and every block comes back on both sides."""
 from __future__ import annotations
 
 import pytest
@@ -11,8 +11,10 @@ from baton.services.engine.llm_engine import LLMEngine
 from tests.engine.engine_helpers import greedy, random_prompts
 
 
-def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int], params: SamplingParams) -> list[int]:
-    prefill.add_request(rid, prompt, SamplingParams(**{**vars(params), "max_tokens": 1}), hold_kv=True)
+def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int],
+            params: SamplingParams) -> list[int]:
+    prefill.add_request(rid, prompt, SamplingParams(**{**vars(params), "max_tokens": 1}),
+                        hold_kv=True)
     first = None
     while first is None:
         first = next((o for o in prefill.step() if o.request_id == rid and o.finished), None)
@@ -32,7 +34,8 @@ def test_handoff_matches_one_engine(tiny_model_dirs, temperature):
     prompts = random_prompts(12, 500, seed=5, min_len=1, max_len=70)
     params = SamplingParams(max_tokens=12, temperature=temperature, seed=11, ignore_eos=True)
     colocated = LLMEngine(EngineConfig(model=model, num_kv_blocks=256)).generate(prompts, params)
-    prefill, decode = LLMEngine(EngineConfig(model=model, num_kv_blocks=256)), LLMEngine(EngineConfig(model=model, num_kv_blocks=256))
+    prefill, decode = LLMEngine(EngineConfig(model=model, num_kv_blocks=256)), LLMEngine(
+        EngineConfig(model=model, num_kv_blocks=256))
     got = [handoff(prefill, decode, f"r{i}", p, params) for i, p in enumerate(prompts)]
     assert got == [o.token_ids for o in colocated]
     for engine in (prefill, decode):
@@ -42,7 +45,8 @@ def test_handoff_matches_one_engine(tiny_model_dirs, temperature):
 
 def test_receiver_skips_blocks_it_already_caches(tiny_model_dirs):
     model = str(tiny_model_dirs["llama"])
-    prefill, decode = LLMEngine(EngineConfig(model=model, num_kv_blocks=256)), LLMEngine(EngineConfig(model=model, num_kv_blocks=256))
+    prefill, decode = LLMEngine(EngineConfig(model=model, num_kv_blocks=256)), LLMEngine(
+        EngineConfig(model=model, num_kv_blocks=256))
     shared = random_prompts(1, 500, seed=9, min_len=64, max_len=64)[0]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     handoff(prefill, decode, "a", shared + [1, 2, 3], params)
@@ -53,7 +57,8 @@ def test_receiver_skips_blocks_it_already_caches(tiny_model_dirs):
 
 
 def test_continuing_after_generated_tokens_matches(tiny_model_dirs):
-    """A request migrated with the tokens it already streamed continues exactly where it left off."""
+    """A request migrated with the tokens it already streamed continues exactly where it left
+    off."""
     model = tiny_model_dirs["llama"]
     prompt = random_prompts(1, 500, seed=4, min_len=30, max_len=30)[0]
     full, _ = greedy(model, [prompt], max_tokens=20)
@@ -68,8 +73,8 @@ def test_continuing_after_generated_tokens_matches(tiny_model_dirs):
 
 
 def test_parked_reservation_keeps_its_blocks_until_released(tiny_model_dirs):
-    """After a timed-out read, the reserved blocks stay taken (a late write may land) while the request itself
-    is recomputed under its own id."""
+    """After a timed-out read, the reserved blocks stay taken (a late write may land) while the
+    request itself is recomputed under its own id."""
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     prompt = list(range(5, 45))
@@ -84,11 +89,12 @@ def test_parked_reservation_keeps_its_blocks_until_released(tiny_model_dirs):
 
 
 def test_migration_keeps_held_back_text_and_stop_strings(tiny_model_dirs):
-    """Cut anywhere, a request continued elsewhere releases exactly the text the first worker had not yet
-    released, and a stop string straddling the cut still ends it."""
+    """Cut anywhere, a request continued elsewhere releases exactly the text the first worker had
+    not yet released, and a stop string straddling the cut still ends it."""
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=256))
     prompt = list(range(30, 60))
-    free = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
+    free = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0,
+                                                    ignore_eos=True))[0]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[free.text[6:10]])
     engine.add_request("whole", prompt, params)
     steps = []  # (tokens so far, text released so far)

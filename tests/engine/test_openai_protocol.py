@@ -1,4 +1,5 @@
-"""OpenAI request parsing, conversion to engine inputs, refusals and response bodies (no model runs here)."""
+"""OpenAI request parsing, conversion to engine inputs, refusals and response bodies (no model runs
+here)."""
 from __future__ import annotations
 
 import math
@@ -6,9 +7,9 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from baton.services.common.openai_protocol import (COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
-                                                   CompletionRequest, ProtocolError, parse_request,
-                                                   to_engine_input)
+from baton.services.common.openai_protocol import (COMPLETION_DEFAULT_MAX_TOKENS,
+                                                   ChatCompletionRequest, CompletionRequest,
+                                                   ProtocolError, parse_request, to_engine_input)
 from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 
@@ -38,14 +39,16 @@ def refusal(url, body, tokenizer=None) -> ProtocolError:
 def test_completion_defaults(tokenizer):
     request = parse_request(COMPLETIONS, {"model": "m", "prompt": "Once upon a time"})
     assert isinstance(request, CompletionRequest)
-    assert (request.n, request.stream, request.priority, request.return_token_ids) == (1, False, 0, False)
+    assert (request.n, request.stream, request.priority, request.return_token_ids) == (1, False, 0,
+                                                                                       False)
     inp = to_engine_input(request, tokenizer, MAX_LEN)
     assert inp.prompt_token_ids == tokenizer.encode("Once upon a time")
     p = inp.params
     assert p.max_tokens == COMPLETION_DEFAULT_MAX_TOKENS == 16
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (1.0, 1.0, 0, 0.0, None)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
-    assert (p.logprobs, p.stop, p.stop_token_ids, p.ignore_eos, p.min_tokens) == (None, [], [], False, 0)
+    assert (p.logprobs, p.stop, p.stop_token_ids, p.ignore_eos, p.min_tokens) == (None, [], [],
+                                                                                  False, 0)
     assert p.skip_special_tokens and not p.include_stop_str_in_output
 
 
@@ -58,15 +61,19 @@ def test_chat_fills_the_context_by_default(tokenizer):
 
 
 def test_fields_reach_sampling_params(tokenizer):
-    body = {"prompt": [5, 6, 7], "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
-            "seed": 3, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
-            "stop": "\n", "stop_token_ids": [2], "n": 3, "logprobs": 2, "user": "u", "ignore_eos": True,
-            "min_tokens": 1, "skip_special_tokens": False, "include_stop_str_in_output": True,
-            "return_token_ids": True, "priority": 5, "cache_salt": "salt"}
+    body = {
+        "prompt": [5, 6,
+                   7], "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
+        "seed": 3, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
+        "stop": "\n", "stop_token_ids": [2], "n": 3, "logprobs": 2, "user": "u", "ignore_eos": True,
+        "min_tokens": 1, "skip_special_tokens": False, "include_stop_str_in_output": True,
+        "return_token_ids": True, "priority": 5, "cache_salt": "salt"
+    }
     inp = convert(tokenizer, COMPLETIONS, body)
     p = inp.params
     assert inp.prompt_token_ids == [5, 6, 7] and inp.n == 3 and inp.cache_salt == "salt"
-    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (9, 0.5, 0.9, 40, 0.1, 3)
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (9, 0.5, 0.9, 40,
+                                                                                0.1, 3)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
     assert (p.stop, p.stop_token_ids, p.logprobs, p.min_tokens) == (["\n"], [2], 2, 1)
     assert p.ignore_eos and p.include_stop_str_in_output and not p.skip_special_tokens
@@ -76,8 +83,9 @@ def test_fields_reach_sampling_params(tokenizer):
 
 
 def test_nulls_mean_defaults(tokenizer):
-    inp = convert(tokenizer, COMPLETIONS, {"prompt": "x", "temperature": None, "stop": None, "best_of": None,
-                                           "tools": None})
+    inp = convert(
+        tokenizer, COMPLETIONS,
+        {"prompt": "x", "temperature": None, "stop": None, "best_of": None, "tools": None})
     assert inp.params.temperature == 1.0 and inp.params.stop == []
 
 
@@ -111,25 +119,32 @@ def test_unsupported_fields_are_refused(url, extra, param):
 @pytest.mark.parametrize("extra", [{"best_of": 2, "n": 2}, {"echo": False}, {"logit_bias": {}},
                                    {"response_format": {"type": "text"}}, {"tool_choice": "none"}])
 def test_harmless_values_of_unsupported_fields_pass(tokenizer, extra):
-    assert convert(tokenizer, CHAT, {"messages": USER, "max_tokens": 1, **extra}).params.max_tokens == 1
+    assert convert(tokenizer, CHAT,
+                   {"messages": USER, "max_tokens": 1, **extra}).params.max_tokens == 1
 
 
 @pytest.mark.parametrize("url,body,param,fragment", [
     (COMPLETIONS, {"prompt": "x", "frobnicate": 1}, "frobnicate", "unknown field"),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "'assistant'"),
     (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "tool_call_id"),
-    (CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0]",
-     "only assistant"),
+    (CHAT, {
+        "messages": [{
+            "role": "user", "content": "x", "tool_calls":
+                [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+        }]
+    }, "messages[0]", "only assistant"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages[0]", "content is required"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
-     "messages[0].content", "'image_url'"),
+    (CHAT, {
+        "messages":
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]
+    }, "messages[0].content", "'image_url'"),
     (CHAT, {"messages": []}, "messages", "at least 1"),
     (COMPLETIONS, {"prompt": "x", "temperature": "hot"}, "temperature", "number"),
     (COMPLETIONS, {"prompt": {"text": "x"}}, "prompt", "token ids"),
     (COMPLETIONS, {"max_tokens": 3}, "prompt", "required"),
     (COMPLETIONS, {"prompt": "x", "n": 0}, "n", "greater than or equal to 1"),
-    (COMPLETIONS, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "stream"),
+    (COMPLETIONS, {"prompt": "x", "stream_options": {"include_usage": True}
+                   }, "stream_options", "stream"),
     (CHAT, {"messages": USER, "top_logprobs": 2}, "top_logprobs", "logprobs"),
 ])
 def test_bad_bodies_name_the_field(url, body, param, fragment):
@@ -164,17 +179,20 @@ def test_context_length_errors_name_the_limit(tokenizer):
     assert f"{MAX_LEN + 3} tokens" in asks_too_much.message
     chat = refusal(CHAT, {"messages": [{"role": "user", "content": "word " * MAX_LEN}]}, tokenizer)
     assert chat.param == "messages" and chat.code == "context_length_exceeded"
-    assert convert(tokenizer, COMPLETIONS, {"prompt": [1, 2, 3], "max_tokens": MAX_LEN - 3}).params.max_tokens
+    assert convert(tokenizer, COMPLETIONS,
+                   {"prompt": [1, 2, 3], "max_tokens": MAX_LEN - 3}).params.max_tokens
 
 
 def test_chat_is_rendered_through_the_template_once(tokenizer):
-    messages = [{"role": "system", "content": "Be terse."},
-                {"role": "user", "content": [{"type": "text", "text": "Name"}, {"type": "text", "text": "a color."}]},
-                {"role": "assistant", "content": "Red."}, {"role": "user", "content": "Another."}]
+    messages = [{"role": "system", "content": "Be terse."}, {
+        "role": "user", "content": [{"type": "text", "text": "Name"},
+                                    {"type": "text", "text": "a color."}]
+    }, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "Another."}]
     inp = convert(tokenizer, CHAT, {"messages": messages, "max_tokens": 4}, max_model_len=256)
-    expected = ("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nName\na color.<|im_end|>\n"
-                "<|im_start|>assistant\nRed.<|im_end|>\n<|im_start|>user\nAnother.<|im_end|>\n"
-                "<|im_start|>assistant\n")
+    expected = (
+        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nName\na color.<|im_end|>\n"
+        "<|im_start|>assistant\nRed.<|im_end|>\n<|im_start|>user\nAnother.<|im_end|>\n"
+        "<|im_start|>assistant\n")
     assert tokenizer.decode(inp.prompt_token_ids) == expected
     assert inp.prompt_token_ids == tokenizer.encode(expected, add_special_tokens=False)
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
@@ -182,7 +200,8 @@ def test_chat_is_rendered_through_the_template_once(tokenizer):
 
 
 def test_parse_keeps_stream_options():
-    request = parse_request(CHAT, {"messages": USER, "stream": True, "stream_options": {"include_usage": False}})
+    request = parse_request(
+        CHAT, {"messages": USER, "stream": True, "stream_options": {"include_usage": False}})
     assert isinstance(request, ChatCompletionRequest)
     assert request.stream and request.stream_options.include_usage is False
 
@@ -196,71 +215,92 @@ def _output(request_id, token_ids, logprobs=None, finish="length", stop=None) ->
 
 def _logprobs(tokens):
     # The chosen token is ranked 3rd, so completions show it beside the top 2.
-    return [TokenLogprobs(token_id=t, logprob=-2.5, rank=3, top={t + 1: -0.5, t + 2: -1.0}) for t in tokens]
+    return [
+        TokenLogprobs(token_id=t, logprob=-2.5, rank=3, top={t + 1: -0.5, t + 2: -1.0})
+        for t in tokens
+    ]
 
 
 def test_completion_response_shape(tokenizer):
-    request = parse_request(COMPLETIONS, {"prompt": [1, 2, 3], "n": 2, "logprobs": 2, "return_token_ids": True})
-    outs = [_output("a", [300, 301], _logprobs([300, 301])), _output("b", [302], _logprobs([302]), "stop", "\n")]
+    request = parse_request(COMPLETIONS,
+                            {"prompt": [1, 2, 3], "n": 2, "logprobs": 2, "return_token_ids": True})
+    outs = [
+        _output("a", [300, 301], _logprobs([300, 301])),
+        _output("b", [302], _logprobs([302]), "stop", "\n")
+    ]
     body = build_response(request, outs, tokenizer, "tiny", "cmpl-1")
     assert (body["id"], body["object"], body["model"]) == ("cmpl-1", "text_completion", "tiny")
     assert isinstance(body["created"], int)
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
                              "prompt_tokens_details": {"cached_tokens": 0}}
     first, second = body["choices"]
-    assert (first["index"], first["text"], first["finish_reason"], first["stop_reason"]) == (0, "out", "length", None)
+    assert (first["index"], first["text"], first["finish_reason"],
+            first["stop_reason"]) == (0, "out", "length", None)
     assert (second["index"], second["finish_reason"], second["stop_reason"]) == (1, "stop", "\n")
     assert first["token_ids"] == [300, 301] and first["prompt_token_ids"] == [1, 2, 3]
     lp = first["logprobs"]
     texts = [tokenizer.decode([t]) for t in (300, 301)]
     assert lp["tokens"] == texts and lp["token_logprobs"] == [-2.5, -2.5]
     assert lp["text_offset"] == [0, len(texts[0])]
-    assert lp["top_logprobs"][0] == {tokenizer.decode([301]): -0.5, tokenizer.decode([302]): -1.0, texts[0]: -2.5}
+    assert lp["top_logprobs"][0] == {
+        tokenizer.decode([301]): -0.5,
+        tokenizer.decode([302]): -1.0, texts[0]: -2.5
+    }
 
 
 def test_completion_response_without_extras(tokenizer):
     request = parse_request(COMPLETIONS, {"prompt": "x"})
     choice = build_response(request, [_output("a", [300])], tokenizer, "tiny")["choices"][0]
-    assert choice["logprobs"] is None and "token_ids" not in choice and "prompt_token_ids" not in choice
+    assert choice[
+        "logprobs"] is None and "token_ids" not in choice and "prompt_token_ids" not in choice
 
 
 def test_chat_response_shape(tokenizer):
-    request = parse_request(CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 2, "return_token_ids": True})
+    request = parse_request(
+        CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 2, "return_token_ids": True})
     lps = _logprobs([300])
     lps[0].logprob = -math.inf
     body = build_response(request, [_output("a", [300], lps)], tokenizer, "tiny")
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["prompt_token_ids"] == [1, 2, 3]
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": "out"} and choice["token_ids"] == [300]
+    assert choice["message"] == {"role": "assistant", "content": "out"
+                                 } and choice["token_ids"] == [300]
     entry = choice["logprobs"]["content"][0]
     token = tokenizer.decode([300])
-    assert entry["token"] == token and entry["bytes"] == list(token.encode()) and entry["logprob"] == -9999.0
+    assert entry["token"] == token and entry["bytes"] == list(
+        token.encode()) and entry["logprob"] == -9999.0
     assert [t["logprob"] for t in entry["top_logprobs"]] == [-0.5, -1.0]
     assert entry["top_logprobs"][0]["token"] == tokenizer.decode([301])
 
 
 def test_error_body_is_openai_shaped():
     error = ProtocolError("bad", param="n", code="invalid_value")
-    assert error.body() == {"error": {"message": "bad", "type": "invalid_request_error", "param": "n",
-                                      "code": "invalid_value"}}
+    assert error.body() == {
+        "error": {
+            "message": "bad", "type": "invalid_request_error", "param": "n", "code": "invalid_value"
+        }
+    }
 
 
 def test_scoring_fields_reach_sampling_params(tokenizer):
     inp = convert(tokenizer, COMPLETIONS, {"prompt": [5, 6], "logit_bias": {"5": 10, "7": -100.0},
                                            "prompt_logprobs": 2})
     assert (inp.params.logit_bias, inp.params.prompt_logprobs) == ({5: 10.0, 7: -100.0}, 2)
-    echo = convert(tokenizer, COMPLETIONS, {"prompt": [5, 6], "echo": True, "logprobs": 3, "max_tokens": 0})
+    echo = convert(tokenizer, COMPLETIONS,
+                   {"prompt": [5, 6], "echo": True, "logprobs": 3, "max_tokens": 0})
     # max_tokens 0 runs one token (the prompt is scored on the way) and the answer drops it.
     assert (echo.params.prompt_logprobs, echo.params.logprobs, echo.params.max_tokens) == (3, 3, 1)
-    assert convert(tokenizer, COMPLETIONS, {"prompt": [5, 6], "echo": True}).params.prompt_logprobs is None
+    assert convert(tokenizer, COMPLETIONS,
+                   {"prompt": [5, 6], "echo": True}).params.prompt_logprobs is None
 
 
 def test_echo_with_max_tokens_0_answers_the_prompt_alone(tokenizer):
-    request = parse_request(COMPLETIONS, {"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 0})
+    request = parse_request(COMPLETIONS,
+                            {"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 0})
     scored = [None, TokenLogprobs(6, -1.5, 2, {9: -0.5}), TokenLogprobs(7, -2.5, 1, {7: -2.5})]
-    out = RequestOutput("r", [5, 6, 7], [11], "x", 1, "x", True, "length", logprobs=[TokenLogprobs(11, -0.1, 1)],
-                        prompt_logprobs=scored)
+    out = RequestOutput("r", [5, 6, 7], [11], "x", 1, "x", True, "length",
+                        logprobs=[TokenLogprobs(11, -0.1, 1)], prompt_logprobs=scored)
     choice = build_response(request, [Choice.of(out)], tokenizer, "m")["choices"][0]
     texts = [tokenizer.decode([t]) for t in (5, 6, 7)]
     assert choice["text"] == tokenizer.decode([5, 6, 7]) and choice["finish_reason"] == "length"

@@ -7,8 +7,8 @@ from baton.services.engine.llm_engine import LLMEngine
 
 def test_deltas_add_up_and_histories_are_snapshots(tiny_model_dirs):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
-    engine.add_request("r", list(range(20, 40)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                                                   logprobs=2))
+    engine.add_request("r", list(range(20, 40)),
+                       SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2))
     outs: list[RequestOutput] = []
     while engine.has_unfinished_requests():
         outs += engine.step()
@@ -26,6 +26,6 @@ def test_deltas_add_up_and_histories_are_snapshots(tiny_model_dirs):
 
 
 def test_constructed_outputs_derive_their_deltas():
-    out = RequestOutput(request_id="x", prompt_token_ids=[1], token_ids=[5, 6, 7], text="abc", num_new_tokens=2,
-                        new_text="bc")
+    out = RequestOutput(request_id="x", prompt_token_ids=[1], token_ids=[5, 6, 7], text="abc",
+                        num_new_tokens=2, new_text="bc")
     assert out.new_token_ids == [6, 7] and out.new_logprobs is None and out.text == "abc"

@@ -1,4 +1,5 @@
-"""Prompt logprobs and logit_bias in the engine, against transformers on the same checkpoint (float32, CPU)."""
+"""Prompt logprobs and logit_bias in the engine, against transformers on the same checkpoint
+(float32, CPU)."""
 from __future__ import annotations
 
 import pytest
@@ -39,13 +40,14 @@ def model_dir(tiny_model_dirs):
 
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_prompt_logprobs_match_transformers(model_dir, chunk):
-    """Whole prompt in one step, and chunked prefill (16-token chunks) with a prefix already in the cache: the
-    cached blocks are recomputed, so every position is scored either way."""
+    """Whole prompt in one step, and chunked prefill (16-token chunks) with a prefix already in the
+    cache: the cached blocks are recomputed, so every position is scored either way."""
     prompt = random_prompts(1, 500, seed=7, min_len=70, max_len=70)[0]
     kwargs = {"max_num_batched_tokens": chunk} if chunk else {}
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=16, **kwargs))
     engine.generate([prompt], SamplingParams(max_tokens=1))  # fills the prefix cache
-    out = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=3, temperature=0))[0]
+    out = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=3,
+                                                   temperature=0))[0]
     check_against(reference_prompt_logprobs(model_dir, prompt), prompt, out.prompt_logprobs, 3)
     assert out.num_cached_tokens == 0
 
@@ -58,13 +60,15 @@ def test_logit_bias_forces_and_bans(model_dir):
     forced = engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True,
                                                       logit_bias={7: 100.0}))[0].token_ids
     assert plain != [7] * 4 and forced == [7] * 4
-    banned = engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True,
-                                                      logit_bias={t: -100.0 for t in set(plain)}))[0].token_ids
+    banned = engine.generate([prompt],
+                             SamplingParams(max_tokens=4, temperature=0, ignore_eos=True,
+                                            logit_bias={t: -100.0
+                                                        for t in set(plain)}))[0].token_ids
     assert not set(banned) & set(plain)
 
 
-@pytest.mark.parametrize("bias, message", [({600: 1.0}, "in \\[0, 512\\)"), ({3: 101.0}, "biases in"),
-                                           ({-1: 1.0}, "non-negative")])
+@pytest.mark.parametrize("bias, message", [({600: 1.0}, "in \\[0, 512\\)"),
+                                           ({3: 101.0}, "biases in"), ({-1: 1.0}, "non-negative")])
 def test_bad_logit_bias_is_refused(model_dir, bias, message):
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32"))
     with pytest.raises(ValueError, match=message):
@@ -72,8 +76,9 @@ def test_bad_logit_bias_is_refused(model_dir, bias, message):
 
 
 def test_prompt_logprobs_survive_preemption(model_dir):
-    """24 blocks of 16 tokens hold only a few of these at once, and prompts run in 32-token chunks: sequences are
-    preempted and recomputed (positions already scored are skipped); every prompt is still scored correctly."""
+    """24 blocks of 16 tokens hold only a few of these at once, and prompts run in 32-token chunks:
+    sequences are preempted and recomputed (positions already scored are skipped); every prompt is
+    still scored correctly."""
     prompts = random_prompts(6, 500, seed=11, min_len=60, max_len=60)
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=24,
                                     max_num_batched_tokens=32))

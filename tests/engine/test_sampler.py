@@ -28,9 +28,13 @@ def test_greedy_and_degenerate_filters_pick_the_argmax():
 
 def test_seeded_rows_reproduce_whatever_shares_the_batch():
     p = SamplingParams(temperature=1.0, seed=1234)
-    alone = [sample(logits(1, seed=9), seqs(p), torch.Generator().manual_seed(0), EOS)[0][0] for _ in range(1)]
+    alone = [
+        sample(logits(1, seed=9), seqs(p),
+               torch.Generator().manual_seed(0), EOS)[0][0] for _ in range(1)
+    ]
     mixed_logits = torch.cat([logits(3, seed=5), logits(1, seed=9)])
-    batch = seqs(SamplingParams(temperature=1.0), SamplingParams(temperature=0.5), SamplingParams(), p)
+    batch = seqs(SamplingParams(temperature=1.0), SamplingParams(temperature=0.5), SamplingParams(),
+                 p)
     tokens, _ = sample(mixed_logits, batch, torch.Generator().manual_seed(99), EOS)
     assert tokens[3] == alone[0]
     # The same seed over a sequence of steps gives the same sequence of draws.
@@ -42,8 +46,10 @@ def test_seeded_rows_reproduce_whatever_shares_the_batch():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_seeded_and_unseeded_rows_sample_on_gpu_logits_as_on_cpu():
-    # A seeded request's generator is a CPU one; on GPU logits its noise must still come from it, unchanged.
-    batch = [SamplingParams(temperature=1.0, seed=s) for s in range(8)] + [SamplingParams(temperature=0.8)]
+    # A seeded request's generator is a CPU one; on GPU logits its noise must still come from it,
+    # unchanged.
+    batch = [SamplingParams(temperature=1.0, seed=s)
+             for s in range(8)] + [SamplingParams(temperature=0.8)]
     x = logits(9, vocab=32000)
     on_cpu, _ = sample(x.clone(), seqs(*batch), torch.Generator().manual_seed(0), EOS)
     on_gpu, _ = sample(x.cuda(), seqs(*batch), torch.Generator(device="cuda").manual_seed(0), EOS)
@@ -64,8 +70,10 @@ def test_top_k_top_p_min_p_restrict_the_support():
     x = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
     gen = torch.Generator().manual_seed(0)
     cases = [(SamplingParams(top_k=2), {0, 1}),
-             (SamplingParams(top_p=0.8), {0, 1}),  # p = .64, .24, .09...: .64 < .8 so the second stays
-             (SamplingParams(min_p=0.3), {0, 1})]  # .24/.64 >= .3 keeps token 1; .09/.64 does not keep 2
+             # p = .64, .24, .09...: .64 < .8 so the second stays
+             (SamplingParams(top_p=0.8), {0, 1}),
+             # .24/.64 >= .3 keeps token 1; .09/.64 does not keep 2
+             (SamplingParams(min_p=0.3), {0, 1})]
     for params, support in cases:
         drawn = {sample(x.clone(), seqs(params), gen, EOS)[0][0] for _ in range(300)}
         assert drawn == support, params
@@ -98,7 +106,8 @@ def test_min_tokens_blocks_eos_and_stop_ids():
 
 def test_logprobs_are_the_raw_distribution():
     x = logits(2)
-    batch = seqs(SamplingParams(temperature=0, logprobs=3, repetition_penalty=1.3), SamplingParams(temperature=0))
+    batch = seqs(SamplingParams(temperature=0, logprobs=3, repetition_penalty=1.3),
+                 SamplingParams(temperature=0))
     tokens, lps = sample(x.clone(), batch, torch.Generator(), EOS)
     raw = x.log_softmax(1)[0]
     lp = lps[0]

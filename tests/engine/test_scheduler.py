@@ -6,13 +6,14 @@ from baton.services.engine.scheduler import Scheduler
 from baton.services.engine.sequence import Sequence, Status
 
 
-def make(num_blocks: int = 64, budget: int = 32, max_seqs: int = 8, chunked: bool = True) -> Scheduler:
+def make(num_blocks: int = 64, budget: int = 32, max_seqs: int = 8,
+         chunked: bool = True) -> Scheduler:
     return Scheduler(BlockManager(num_blocks, 4, "m"), budget, max_seqs, chunked)
 
 
 def add(s: Scheduler, rid: str, n: int, priority: int = 0, t: float = 0.0) -> Sequence:
-    seq = Sequence(rid, list(range(1000 * len(s.waiting) + 1, 1000 * len(s.waiting) + 1 + n)), SamplingParams(),
-                   priority=priority, arrival_time=t)
+    seq = Sequence(rid, list(range(1000 * len(s.waiting) + 1, 1000 * len(s.waiting) + 1 + n)),
+                   SamplingParams(), priority=priority, arrival_time=t)
     s.add(seq)
     return seq
 
@@ -95,11 +96,13 @@ def test_remove_frees_blocks_of_waiting_and_running():
 
 
 def test_decodes_go_before_an_earlier_long_prefill():
-    """A long prompt ahead in FCFS order must not take the whole budget from streams already decoding."""
+    """A long prompt ahead in FCFS order must not take the whole budget from streams already
+    decoding."""
     s = make(budget=32)
     add(s, "a", 3, t=1)
     add(s, "b", 3, t=2)
     step(s)
-    add(s, "long", 200, t=0)  # arrived first (e.g. resumed after preemption), so it sorts ahead of a and b
+    # arrived first (e.g. resumed after preemption), so it sorts ahead of a and b
+    add(s, "long", 200, t=0)
     assert step(s) == {"a": 1, "b": 1, "long": 30}
     assert step(s) == {"a": 1, "b": 1, "long": 30}

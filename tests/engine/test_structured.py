@@ -1,5 +1,5 @@
-"""Structured outputs in the engine: the grammar cache, the batch masks, and constrained generation that stays
-valid across a prefill/decode hand-off and a migration."""
+"""Structured outputs in the engine: the grammar cache, the batch masks, and constrained generation
+that stays valid across a prefill/decode hand-off and a migration."""
 from __future__ import annotations
 
 import json
@@ -23,9 +23,13 @@ SCHEMA = {
     "properties": {
         "name": {"type": "string", "maxLength": 6},
         "level": {"type": "integer", "minimum": 1, "maximum": 9},
-        "colors": {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 1, "maxItems": 3},
-        "inner": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
-                  "additionalProperties": False},
+        "colors": {
+            "type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 1, "maxItems": 3
+        },
+        "inner": {
+            "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
+            "additionalProperties": False
+        },
     },
     "required": ["name", "level", "colors", "inner"],
     "additionalProperties": False,
@@ -41,7 +45,9 @@ def engine(tiny_model_dirs):
 
 @pytest.fixture(scope="module")
 def grammars(engine):
-    return GrammarCache(make_tokenizer(engine.tokenizer, engine.model_config.vocab_size, engine.eos_ids), capacity=2)
+    return GrammarCache(
+        make_tokenizer(engine.tokenizer, engine.model_config.vocab_size, engine.eos_ids),
+        capacity=2)
 
 
 @pytest.mark.parametrize("spec", [
@@ -75,20 +81,24 @@ def test_cache_compiles_once_per_spec_and_stays_bounded(grammars):
 
 
 def test_batch_masks_match_the_matchers_one_by_one(engine, grammars):
-    """The packed masks, unpacked and applied to logits, allow exactly the tokens each matcher accepts."""
+    """The packed masks, unpacked and applied to logits, allow exactly the tokens each matcher
+    accepts."""
     vocab = engine.model_config.vocab_size
 
     class Row:  # what MaskBuilder and the sampler read of a sequence
         def __init__(self, rid: str, grammar: GrammarState | None) -> None:
             self.request_id, self.grammar = rid, grammar
 
-    states = [GrammarState(grammars.matcher(JSON_SPEC)), GrammarState(grammars.matcher(StructuredOutput(
-        "choice", '["alpha", "beta"]')))]
+    states = [
+        GrammarState(grammars.matcher(JSON_SPEC)),
+        GrammarState(grammars.matcher(StructuredOutput("choice", '["alpha", "beta"]')))
+    ]
     states[0].replay(grammars.tokenizer.tokenize_str('{"name":"a'))
     rows = [Row("free", None), Row("json", states[0]), Row("choice", states[1])]
     pending = MaskBuilder(vocab).fill(rows)
     logits = torch.zeros(3, vocab)
-    pending.apply(logits, rows[::-1])  # the logits' row order need not be the order the masks were filled in
+    # the logits' row order need not be the order the masks were filled in
+    pending.apply(logits, rows[::-1])
     assert bool(torch.isfinite(logits[2]).all())  # the unconstrained row is untouched
     for row, state in ((1, states[0]), (0, states[1])):
         allowed = torch.isfinite(logits[row]).nonzero().flatten().tolist()
@@ -106,19 +116,25 @@ def test_unpack_bit_order():
 def test_generation_follows_each_kind(engine):
     cases = [
         (JSON_SPEC, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
-        (StructuredOutput("regex", r"[a-f]{2,4}@[0-9]{2}"), lambda text: re.fullmatch(r"[a-f]{2,4}@[0-9]{2}", text)),
-        (StructuredOutput("choice", '["one", "two words", "three"]'),
-         lambda text: text in ("one", "two words", "three")),
+        (StructuredOutput("regex", r"[a-f]{2,4}@[0-9]{2}"),
+         lambda text: re.fullmatch(r"[a-f]{2,4}@[0-9]{2}", text)),
+        (StructuredOutput("choice", '["one", "two words", "three"]'), lambda text: text in
+         ("one", "two words", "three")),
         (StructuredOutput("grammar", 'start: "<" WORD ">"\nWORD: /[a-z]{1,5}/'),
          lambda text: re.fullmatch(r"<[a-z]{1,5}>", text)),
-        # What tool calling builds: Lark around an embedded JSON schema (compact through x-guidance).
-        (StructuredOutput("grammar", 'start: "<call>" args "</call>"\nargs: %json' + json.dumps(
-            {**SCHEMA, "x-guidance": {"whitespace_flexible": False}})),
-         lambda text: jsonschema.validate(json.loads(text.removeprefix("<call>").removesuffix("</call>")),
-                                          SCHEMA) is None and text.startswith("<call>{")),
+        # What tool calling builds: Lark around an embedded JSON schema (compact through
+        # x-guidance).
+        (StructuredOutput(
+            "grammar", 'start: "<call>" args "</call>"\nargs: %json' +
+            json.dumps({**SCHEMA, "x-guidance": {"whitespace_flexible": False}})), lambda text:
+         jsonschema.validate(json.loads(text.removeprefix("<call>").removesuffix("</call>")), SCHEMA
+                             ) is None and text.startswith("<call>{")),
     ]
     for spec, ok in cases:
-        params = [SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured_output=spec) for s in range(4)]
+        params = [
+            SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured_output=spec)
+            for s in range(4)
+        ]
         for out in engine.generate([PROMPT] * 4, params):
             assert out.finish_reason == "stop" and ok(out.text), (spec.kind, out.text)
 
@@ -133,8 +149,8 @@ def test_mixed_batch_leaves_free_rows_alone(engine):
 
 
 def test_grammar_continues_across_a_handoff(tiny_model_dirs):
-    """The prefill engine draws the first token under the grammar; the decode engine carries the grammar on
-    from it, giving the tokens one engine alone gives."""
+    """The prefill engine draws the first token under the grammar; the decode engine carries the
+    grammar on from it, giving the tokens one engine alone gives."""
     model = str(tiny_model_dirs["llama"])
     params = SamplingParams(max_tokens=120, temperature=0.8, seed=3, structured_output=JSON_SPEC)
     alone = LLMEngine(EngineConfig(model=model, num_kv_blocks=256)).generate([PROMPT], params)[0]
@@ -145,7 +161,8 @@ def test_grammar_continues_across_a_handoff(tiny_model_dirs):
 
 
 def test_grammar_survives_migration(engine):
-    """Continued from any cut with the tokens already streamed, the request ends as the uncut one did."""
+    """Continued from any cut with the tokens already streamed, the request ends as the uncut one
+    did."""
     params = SamplingParams(max_tokens=120, temperature=0.0, structured_output=JSON_SPEC)
     whole = engine.generate([PROMPT], params)[0]
     assert whole.finish_reason == "stop"
@@ -169,4 +186,3 @@ def test_proto_round_trip():
     params = SamplingParams(max_tokens=5, structured_output=JSON_SPEC)
     assert params_from_proto(params_to_proto(params)) == params
     assert params_from_proto(params_to_proto(SamplingParams())).structured_output is None
-

@@ -12,8 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from baton.services.checkpoints.tiny_model import (ARCHS, TinyModelSpec, count_parameters,
                                                    embedded_model_path, make_tiny_model)
 
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-         "generation_config.json")
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "chat_template.jinja", "generation_config.json")
 TEXTS = ("Hello, world!", "  leading spaces,\ttabs\nand newlines  ", "café naïve résumé Ærøskøbing",
          "emoji 🦀🚀 and a family 👨‍👩‍👧", "你好，世界。日本語のテキスト", "<|im_start|> is special")
 
@@ -39,7 +39,8 @@ def test_reload_gives_the_saved_weights(model_dir: Path) -> None:
 
 
 def test_arch_shapes(tiny_model_dirs: dict[str, Path]) -> None:
-    llama, qwen2, qwen3 = (AutoConfig.from_pretrained(tiny_model_dirs[a]) for a in ("llama", "qwen2", "qwen3"))
+    llama, qwen2, qwen3 = (AutoConfig.from_pretrained(tiny_model_dirs[a])
+                           for a in ("llama", "qwen2", "qwen3"))
     assert llama.num_attention_heads > llama.num_key_value_heads
     assert qwen2.tie_word_embeddings
     assert "lm_head.weight" not in load_file(tiny_model_dirs["qwen2"] / "model.safetensors")
@@ -51,9 +52,11 @@ def test_special_token_ids_agree(model_dir: Path) -> None:
     config = AutoConfig.from_pretrained(model_dir)
     generation = GenerationConfig.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    assert config.eos_token_id == generation.eos_token_id == tokenizer.eos_token_id == tokenizer.pad_token_id
+    assert (config.eos_token_id == generation.eos_token_id == tokenizer.eos_token_id ==
+            tokenizer.pad_token_id)
     assert tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id) == "<|endoftext|>"
-    assert config.bos_token_id is None and generation.bos_token_id is None and tokenizer.bos_token_id is None
+    assert (config.bos_token_id is None and generation.bos_token_id is None and
+            tokenizer.bos_token_id is None)
     assert len(tokenizer) == config.vocab_size
 
 
@@ -69,12 +72,17 @@ def test_chat_template(model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+        "<|im_start|>assistant\n")
     encoded = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     assert encoded["input_ids"] == tokenizer.encode(text)
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
-    assert tokenizer.apply_chat_template(parts, tokenize=False) == "<|im_start|>user\nHi there<|im_end|>\n"
+    parts = [{
+        "role": "user", "content": [{"type": "text", "text": "Hi "},
+                                    {"type": "text", "text": "there"}]
+    }]
+    assert tokenizer.apply_chat_template(parts,
+                                         tokenize=False) == "<|im_start|>user\nHi there<|im_end|>\n"
 
 
 def test_greedy_generation_varies(model_dir: Path) -> None:
@@ -87,7 +95,8 @@ def test_greedy_generation_varies(model_dir: Path) -> None:
     assert isinstance(tokenizer.decode(new), str)
 
 
-def test_same_seed_same_files_other_seed_other_weights(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+def test_same_seed_same_files_other_seed_other_weights(tiny_model_dirs: dict[str, Path],
+                                                       tmp_path: Path) -> None:
     original = tiny_model_dirs["qwen3"]
     again = make_tiny_model(tmp_path / "again", TinyModelSpec.preset("qwen3"))
     match, mismatch, errors = filecmp.cmpfiles(original, again, FILES, shallow=False)
@@ -119,5 +128,7 @@ def test_embedded_model_is_made_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert path == tmp_path / "models" / "tiny-llama"
     assert AutoConfig.from_pretrained(path).model_type == "llama"
     stamp = (path / "model.safetensors").stat().st_mtime_ns
-    assert embedded_model_path() == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny-llama"]  # no temp folder left behind
+    assert embedded_model_path() == path and (path /
+                                              "model.safetensors").stat().st_mtime_ns == stamp
+    # no temp folder left behind
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny-llama"]

@@ -6,21 +6,29 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from baton.services.common.tool_parsers import (HermesParser, JsonArrayParser, Llama3JsonParser, NamedFunctionParser,
-                                                ToolCallStream, message_with_calls, parser_for_model, scan_object)
+from baton.services.common.tool_parsers import (HermesParser, JsonArrayParser, Llama3JsonParser,
+                                                NamedFunctionParser, ToolCallStream,
+                                                message_with_calls, parser_for_model, scan_object)
 
 WEATHER = '{"city": "Pa\\"ris}", "days": [1, {"x": 2}], "units": "metric"}'
-HERMES = (f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>\n'
-          '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
-LLAMA = f'<|python_tag|>{{"name": "get_weather", "parameters": {WEATHER}}}; {{"name": "get_time", "parameters": {{}}}}'
-ARRAY = f'[{{"name": "get_weather", "arguments": {WEATHER}}}, {{"name":"get_time","arguments":{{}}}}]'
+HERMES = (
+    f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+LLAMA = (
+    f'<|python_tag|>{{"name": "get_weather", "parameters": {WEATHER}}}; '
+    '{"name": "get_time", "parameters": {}}'
+)
+ARRAY = (
+    f'[{{"name": "get_weather", "arguments": {WEATHER}}}, {{"name":"get_time","arguments":{{}}}}]')
 EXPECTED = [("get_weather", json.loads(WEATHER)), ("get_time", {})]
 CASES = [(HermesParser(), HERMES, "Let me check.\n"), (Llama3JsonParser(), LLAMA, ""),
-         (Llama3JsonParser(), LLAMA.removeprefix("<|python_tag|>"), ""), (JsonArrayParser(), ARRAY, "")]
+         (Llama3JsonParser(), LLAMA.removeprefix("<|python_tag|>"), ""),
+         (JsonArrayParser(), ARRAY, "")]
 
 
 def streamed(parser, text: str, size: int) -> tuple[str, list[tuple[str, str]], list[dict]]:
-    """Feeds text in fragments of `size`; returns content, (name, arguments) per call, and the deltas."""
+    """Feeds text in fragments of `size`; returns content, (name, arguments) per call, and the
+    deltas."""
     stream, deltas = ToolCallStream(parser), []
     for start in range(0, len(text), size):
         deltas.append(stream.feed(text[start:start + size], start + size >= len(text)))
@@ -29,7 +37,8 @@ def streamed(parser, text: str, size: int) -> tuple[str, list[tuple[str, str]], 
     for d in deltas:
         for call in d.get("tool_calls", []):
             if "id" in call:
-                assert call["id"].startswith("call_") and call["type"] == "function" and call["index"] not in calls
+                assert call["id"].startswith(
+                    "call_") and call["type"] == "function" and call["index"] not in calls
                 calls[call["index"]] = [call["function"]["name"], ""]
             else:
                 assert set(call) == {"index", "function"} and set(call["function"]) == {"arguments"}
@@ -67,7 +76,8 @@ def test_llama_plain_text_is_content():
 
 def test_unparseable_call_falls_back_to_content():
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": '
-    assert message_with_calls(text, HermesParser()) == ({"role": "assistant", "content": text}, False)
+    assert message_with_calls(text, HermesParser()) == ({"role": "assistant",
+                                                         "content": text}, False)
     assert message_with_calls('{"name": 3, "parameters": {}}', Llama3JsonParser())[1] is False
 
 
@@ -77,7 +87,9 @@ def test_named_function_streams_its_name_first():
     assert first["function"]["name"] == "get_time" and first["index"] == 0
     message, called = message_with_calls(' {"tz": "UTC"}', NamedFunctionParser("get_time"))
     assert called and message["content"] is None
-    assert message["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"tz": "UTC"}'}
+    assert message["tool_calls"][0]["function"] == {
+        "name": "get_time", "arguments": '{"tz": "UTC"}'
+    }
 
 
 def test_message_with_calls_keeps_leading_text():
@@ -96,7 +108,8 @@ def test_scan_object_reports_open_objects():
 
 def test_parser_chosen_by_template_and_family(tiny_model_dirs):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
-    assert isinstance(parser_for_model("auto", "llama", tokenizer), HermesParser)  # its template writes <tool_call>
+    # its template writes <tool_call>
+    assert isinstance(parser_for_model("auto", "llama", tokenizer), HermesParser)
     assert isinstance(parser_for_model("llama3_json", "llama", tokenizer), Llama3JsonParser)
     assert parser_for_model("none", "llama", tokenizer) is None
     tokenizer.chat_template = "{{ '<|python_tag|>' }}"

@@ -1,4 +1,5 @@
-"""One stack per mode for the gateway tests, shared by the whole session (starting one takes seconds)."""
+"""One stack per mode for the gateway tests, shared by the whole session (starting one takes
+seconds)."""
 from __future__ import annotations
 
 import openai
@@ -33,7 +34,8 @@ def disaggregated(model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def handoff(model):
-    """Disaggregated, every prompt prefilled on the prefill worker and handed off (no local prefill)."""
+    """Disaggregated, every prompt prefilled on the prefill worker and handed off (no local
+    prefill)."""
     stack = start_stack(model, "disaggregated", router_args=["--max-local-prefill-tokens=0"])
     yield stack
     stack.stop()

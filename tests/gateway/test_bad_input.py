@@ -1,5 +1,5 @@
-"""Bad input gets the right HTTP status and an OpenAI-shaped error body; the gateway stays healthy and every
-worker's KV blocks come back afterwards."""
+"""Bad input gets the right HTTP status and an OpenAI-shaped error body; the gateway stays healthy
+and every worker's KV blocks come back afterwards."""
 from __future__ import annotations
 
 import time
@@ -24,62 +24,83 @@ CASES = [
     ("prompt wrong type", "/completions", {"prompt": 5}, AUTH, 400, "invalid_value"),
     ("prompt list of mixed", "/completions", {"prompt": [1, "a"]}, AUTH, 400, "invalid_value"),
     ("empty prompt", "/completions", {"prompt": ""}, AUTH, 400, "invalid_value"),
-    ("max_tokens string", "/completions", {**OK_COMPLETION, "max_tokens": "ten"}, AUTH, 400, "invalid_value"),
-    ("max_tokens negative", "/completions", {**OK_COMPLETION, "max_tokens": -3}, AUTH, 400, "invalid_value"),
+    ("max_tokens string", "/completions", {**OK_COMPLETION, "max_tokens": "ten"}, AUTH, 400,
+     "invalid_value"),
+    ("max_tokens negative", "/completions", {**OK_COMPLETION, "max_tokens": -3}, AUTH, 400,
+     "invalid_value"),
     ("max_tokens huge", "/completions", {**OK_COMPLETION, "max_tokens": 10**9}, AUTH, 400,
      "context_length_exceeded"),
     ("prompt past the context", "/completions", {"prompt": [5] * 5000, "max_tokens": 1}, AUTH, 400,
      "context_length_exceeded"),
-    ("token id out of vocab", "/completions", {"prompt": [1, 10**7], "max_tokens": 1}, AUTH, 400,
+    ("token id out of vocab", "/completions", {"prompt": [1, 10**7],
+                                               "max_tokens": 1}, AUTH, 400, "invalid_value"),
+    ("temperature negative", "/completions", {**OK_COMPLETION, "temperature": -1}, AUTH, 400,
      "invalid_value"),
-    ("temperature negative", "/completions", {**OK_COMPLETION, "temperature": -1}, AUTH, 400, "invalid_value"),
-    ("temperature huge", "/completions", {**OK_COMPLETION, "temperature": 1e9}, AUTH, 400, "invalid_value"),
+    ("temperature huge", "/completions", {**OK_COMPLETION, "temperature": 1e9}, AUTH, 400,
+     "invalid_value"),
     ("top_p zero", "/completions", {**OK_COMPLETION, "top_p": 0}, AUTH, 400, "invalid_value"),
     ("top_k below -1", "/completions", {**OK_COMPLETION, "top_k": -7}, AUTH, 400, "invalid_value"),
     ("n zero", "/completions", {**OK_COMPLETION, "n": 0}, AUTH, 400, "invalid_value"),
-    ("logprobs too many", "/completions", {**OK_COMPLETION, "logprobs": 500}, AUTH, 400, "invalid_value"),
-    ("presence_penalty out of range", "/completions", {**OK_COMPLETION, "presence_penalty": 9}, AUTH, 400,
+    ("logprobs too many", "/completions", {**OK_COMPLETION, "logprobs": 500}, AUTH, 400,
      "invalid_value"),
-    ("seed too large", "/completions", {**OK_COMPLETION, "seed": 2**70}, AUTH, 400, "invalid_value"),
+    ("presence_penalty out of range", "/completions", {**OK_COMPLETION, "presence_penalty": 9},
+     AUTH, 400, "invalid_value"),
+    ("seed too large", "/completions", {**OK_COMPLETION, "seed": 2**70}, AUTH, 400,
+     "invalid_value"),
     ("stop wrong type", "/completions", {**OK_COMPLETION, "stop": 3}, AUTH, 400, "invalid_value"),
-    ("unknown field", "/completions", {**OK_COMPLETION, "frobnicate": 1}, AUTH, 400, "unknown_parameter"),
-    ("unknown model", "/completions", {**OK_COMPLETION, "model": "gpt-17"}, AUTH, 404, "model_not_found"),
-    ("stream_options without stream", "/completions", {**OK_COMPLETION, "stream_options": {}}, AUTH, 400,
-     "invalid_value"),
+    ("unknown field", "/completions", {**OK_COMPLETION, "frobnicate": 1}, AUTH, 400,
+     "unknown_parameter"),
+    ("unknown model", "/completions", {**OK_COMPLETION, "model": "gpt-17"}, AUTH, 404,
+     "model_not_found"),
+    ("stream_options without stream", "/completions", {**OK_COMPLETION, "stream_options": {}}, AUTH,
+     400, "invalid_value"),
     ("messages missing", "/chat/completions", {"max_tokens": 2}, AUTH, 400, "invalid_value"),
     ("messages empty", "/chat/completions", {"messages": []}, AUTH, 400, "invalid_value"),
-    ("unknown role", "/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, AUTH, 400,
-     "invalid_value"),
-    ("content wrong type", "/chat/completions", {"messages": [{"role": "user", "content": 7}]}, AUTH, 400,
-     "invalid_value"),
-    ("image content part", "/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, AUTH, 400, "invalid_value"),
-    ("tool without a function", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, AUTH, 400,
-     "invalid_value"),
-    ("tool without a name", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {}}]},
+    ("unknown role", "/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, AUTH,
+     400, "invalid_value"),
+    ("content wrong type", "/chat/completions", {"messages": [{"role": "user", "content": 7}]},
      AUTH, 400, "invalid_value"),
-    ("tool_choice unknown function", "/chat/completions", {**OK_CHAT, "tools": [TOOL], "tool_choice": {
-        "type": "function", "function": {"name": "nope"}}}, AUTH, 400, "invalid_value"),
-    ("tool_choice required without tools", "/chat/completions", {**OK_CHAT, "tool_choice": "required"}, AUTH, 400,
-     "invalid_value"),
-    ("tool parameters not a schema", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "objekt"}}}]}, AUTH, 400, "invalid_value"),
-    ("tool message without tool_call_id", "/chat/completions", {"messages": [
-        *OK_CHAT["messages"], {"role": "tool", "content": "42"}]}, AUTH, 400, "invalid_value"),
-    ("response_format bad schema", "/chat/completions", {**OK_CHAT, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}, AUTH, 400,
-     "invalid_value"),
-    ("response_format unknown type", "/chat/completions", {**OK_CHAT, "response_format": {"type": "yaml"}},
+    ("image content part", "/chat/completions", {
+        "messages": [{
+            "role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]
+        }]
+    }, AUTH, 400, "invalid_value"),
+    ("tool without a function", "/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]},
      AUTH, 400, "invalid_value"),
+    ("tool without a name", "/chat/completions",
+     {**OK_CHAT, "tools": [{"type": "function", "function": {}}]}, AUTH, 400, "invalid_value"),
+    ("tool_choice unknown function", "/chat/completions", {
+        **OK_CHAT, "tools": [TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "nope"}}
+    }, AUTH, 400, "invalid_value"),
+    ("tool_choice required without tools", "/chat/completions",
+     {**OK_CHAT, "tool_choice": "required"}, AUTH, 400, "invalid_value"),
+    ("tool parameters not a schema", "/chat/completions", {
+        **OK_CHAT, "tools": [{
+            "type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}
+        }]
+    }, AUTH, 400, "invalid_value"),
+    ("tool message without tool_call_id", "/chat/completions",
+     {"messages": [*OK_CHAT["messages"], {"role": "tool",
+                                          "content": "42"}]}, AUTH, 400, "invalid_value"),
+    ("response_format bad schema", "/chat/completions", {
+        **OK_CHAT, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}
+        }
+    }, AUTH, 400, "invalid_value"),
+    ("response_format unknown type", "/chat/completions",
+     {**OK_CHAT, "response_format": {"type": "yaml"}}, AUTH, 400, "invalid_value"),
     ("guided_regex unclosed", "/completions", {**OK_COMPLETION, "guided_regex": "a(b"}, AUTH, 400,
      "invalid_value"),
-    ("two structured fields", "/completions", {**OK_COMPLETION, "guided_regex": "a", "guided_choice": ["b"]}, AUTH,
+    ("two structured fields", "/completions",
+     {**OK_COMPLETION, "guided_regex": "a", "guided_choice": ["b"]}, AUTH, 400, "invalid_value"),
+    ("top_logprobs without logprobs", "/chat/completions", {**OK_CHAT, "top_logprobs": 2}, AUTH,
      400, "invalid_value"),
-    ("top_logprobs without logprobs", "/chat/completions", {**OK_CHAT, "top_logprobs": 2}, AUTH, 400,
-     "invalid_value"),
     ("missing key", "/completions", OK_COMPLETION, {}, 401, "invalid_api_key"),
-    ("wrong key", "/completions", OK_COMPLETION, {"Authorization": "Bearer sk-nope"}, 401, "invalid_api_key"),
-    ("not a bearer key", "/completions", OK_COMPLETION, {"Authorization": "Basic abc"}, 401, "invalid_api_key"),
+    ("wrong key", "/completions", OK_COMPLETION, {"Authorization": "Bearer sk-nope"}, 401,
+     "invalid_api_key"),
+    ("not a bearer key", "/completions", OK_COMPLETION, {"Authorization": "Basic abc"}, 401,
+     "invalid_api_key"),
     ("unknown route", "/embeddings", OK_COMPLETION, AUTH, 404, "not_found"),
 ]
 
@@ -94,17 +115,22 @@ def http(disaggregated):
 def test_bad_request_gets_status_and_error_body(http, case):
     _, path, body, headers, status, code = case
     if isinstance(body, bytes):
-        response = http.post(path, content=body, headers={**headers, "Content-Type": "application/json"})
+        response = http.post(path, content=body,
+                             headers={**headers, "Content-Type": "application/json"})
     else:
         response = http.post(path, json=body, headers=headers)
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert error["code"] == code and error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["message"] and set(error) == {
+        "message", "type", "param", "code"
+    }
 
 
 def test_exhausted_rate_limit_gets_429_with_retry_after(http):
     limited = {"Authorization": "Bearer sk-limited"}
-    statuses = [http.post("/completions", json=OK_COMPLETION, headers=limited).status_code for _ in range(3)]
+    statuses = [
+        http.post("/completions", json=OK_COMPLETION, headers=limited).status_code for _ in range(3)
+    ]
     assert statuses[:2] == [200, 200]
     last = http.post("/completions", json=OK_COMPLETION, headers=limited)
     assert last.status_code == 429 and int(last.headers["Retry-After"]) >= 1

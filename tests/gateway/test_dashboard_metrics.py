@@ -1,6 +1,6 @@
-"""Every metric the Grafana dashboards and the autoscaler's PromQL name is exported by some process of a live stack
-(gateway, router, each worker), after a little traffic; dashboards/metrics.txt lists them, tests/helm checks that
-the dashboards name nothing else."""
+"""Every metric the Grafana dashboards and the autoscaler's PromQL name is exported by some process
+of a live stack (gateway, router, each worker), after a little traffic; dashboards/metrics.txt lists
+them, tests/helm checks that the dashboards name nothing else."""
 from __future__ import annotations
 
 import re
@@ -30,13 +30,15 @@ def promql_metrics() -> set[str]:
 
 
 def metrics_url(line_source: list[str]) -> str:
-    port = next(int(m.group(1)) for line in line_source if (m := re.search(r"metrics on :(\d+)", line)))
+    port = next(
+        int(m.group(1)) for line in line_source if (m := re.search(r"metrics on :(\d+)", line)))
     return f"http://127.0.0.1:{port}/metrics"
 
 
 def exported(url: str) -> set[str]:
-    """Sample names (a histogram's _bucket/_sum/_count, a counter's _total) plus declared families: a labelled
-    metric that nothing has incremented yet (a KV transfer failure) has no sample but is exported all the same."""
+    """Sample names (a histogram's _bucket/_sum/_count, a counter's _total) plus declared families:
+    a labelled metric that nothing has incremented yet (a KV transfer failure) has no sample but is
+    exported all the same."""
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     names = set()
     for line in text.splitlines():
@@ -55,22 +57,28 @@ def is_exported(name: str, samples: set[str]) -> bool:
 def samples(disaggregated: Stack) -> set[str]:
     model = _served_model(disaggregated)
     for i in range(3):
-        response = httpx.post(f"{disaggregated.url}/completions", timeout=60,
-                              headers={"Authorization": "Bearer sk-alpha"},
-                              json={"model": model, "prompt": f"dashboard check {i} " * 40, "max_tokens": 8})
+        response = httpx.post(
+            f"{disaggregated.url}/completions", timeout=60,
+            headers={"Authorization": "Bearer sk-alpha"},
+            json={"model": model, "prompt": f"dashboard check {i} " * 40, "max_tokens": 8})
         assert response.status_code == 200, response.text
-    urls = [f"http://127.0.0.1:{disaggregated.port}/metrics", metrics_url(disaggregated.router.output)]
+    urls = [
+        f"http://127.0.0.1:{disaggregated.port}/metrics",
+        metrics_url(disaggregated.router.output)
+    ]
     urls += [metrics_url(worker.output) for worker in disaggregated.workers()]
     return set().union(*(exported(url) for url in urls))
 
 
 def _served_model(stack: Stack) -> str:
-    models = httpx.get(f"{stack.url}/models", headers={"Authorization": "Bearer sk-alpha"}, timeout=10).json()
+    models = httpx.get(f"{stack.url}/models", headers={"Authorization": "Bearer sk-alpha"},
+                       timeout=10).json()
     return models["data"][0]["id"]
 
 
 def test_every_dashboard_metric_is_exported(samples: set[str]) -> None:
-    missing = sorted(n for n in listed_metrics() if not n.startswith(OPERATOR_PREFIX) and not is_exported(n, samples))
+    missing = sorted(n for n in listed_metrics()
+                     if not n.startswith(OPERATOR_PREFIX) and not is_exported(n, samples))
     assert not missing, f"dashboards/metrics.txt names metrics no process exports: {missing}"
 
 

@@ -1,10 +1,12 @@
-"""On one GPU: `baton serve --mode disaggregated` (a prefill and a decode worker sharing the device, each with
-its memory share) answers greedy requests token for token as the colocated stack does, through the official
-openai client, and the decode worker really read the prompt's KV (it did not recompute it).
+"""On one GPU: `baton serve --mode disaggregated` (a prefill and a decode worker sharing the device,
+each with its memory share) answers greedy requests token for token as the colocated stack does,
+through the official openai client, and the decode worker really read the prompt's KV (it did not
+recompute it).
 
 Skipped without CUDA. BATON_GPU_CHECK_MODEL names a checkpoint (e.g. the 8B-shaped one from
-shared/gpu/make8b.py; default: the tiny test model) and BATON_GPU_CHECK_PROMPT_WORDS the long prompt's length in
-words (default 1000 for a real checkpoint, 48 for the tiny one; its token count is printed). The hand-off figures are printed (-s)."""
+shared/gpu/make8b.py; default: the tiny test model) and BATON_GPU_CHECK_PROMPT_WORDS the long
+prompt's length in words (default 1000 for a real checkpoint, 48 for the tiny one; its token count
+is printed). The hand-off figures are printed (-s)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +18,10 @@ import torch
 
 from tests.launcher import Stack, metric, start_stack
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+]
 MAX_TOKENS = 24
 
 
@@ -36,15 +41,16 @@ def _answers(stack: Stack, model: Path, prompts: list[str]) -> list[list[str]]:
     client = openai.OpenAI(base_url=stack.url, api_key="unused", max_retries=0, timeout=300)
     answers = []
     for prompt in prompts:
-        done = client.completions.create(model=model.name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                         logprobs=1)
+        done = client.completions.create(model=model.name, prompt=prompt, max_tokens=MAX_TOKENS,
+                                         temperature=0, logprobs=1)
         answers.append(done.choices[0].logprobs.tokens)
     print(f"\nlongest prompt: {done.usage.prompt_tokens} tokens")
     return answers
 
 
 @pytest.mark.parametrize("kv_transport", ["nixl", "cuda_ipc"])
-def test_disaggregated_on_one_gpu_matches_colocated(kv_transport: str, tiny_model_dirs: dict[str, Path]) -> None:
+def test_disaggregated_on_one_gpu_matches_colocated(kv_transport: str,
+                                                    tiny_model_dirs: dict[str, Path]) -> None:
     model, words = _model(tiny_model_dirs)
     prompts = _prompts(words)
     blocks = ("--num-kv-blocks=1024",)
@@ -63,7 +69,10 @@ def test_disaggregated_on_one_gpu_matches_colocated(kv_transport: str, tiny_mode
         failures = metric(decode, "baton_kv_transfer_failures_total")
     finally:
         stack.stop()
-    print(f"\n{kv_transport}: {reads:.0f} KV reads, {moved / 1e6:.1f} MB, mean {seconds / max(reads, 1) * 1e3:.2f} ms "
-          f"per read, {failures:.0f} failures")
+    print(
+        f"\n{kv_transport}: {reads:.0f} KV reads, {moved / 1e6:.1f} MB, mean "
+        f"{seconds / max(reads, 1) * 1e3:.2f} ms "
+        f"per read, {failures:.0f} failures")
     assert got == expected
-    assert reads >= 1 and moved > 0 and failures == 0  # the router may prefill a short prompt on the decode worker
+    # the router may prefill a short prompt on the decode worker
+    assert reads >= 1 and moved > 0 and failures == 0

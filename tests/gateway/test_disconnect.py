@@ -1,5 +1,5 @@
-"""A client that goes away mid-stream has its request aborted and its KV blocks freed on the workers within a
-second; a non-streamed request whose client leaves is abandoned too."""
+"""A client that goes away mid-stream has its request aborted and its KV blocks freed on the workers
+within a second; a non-streamed request whose client leaves is abandoned too."""
 from __future__ import annotations
 
 import time
@@ -20,8 +20,10 @@ def _wait_free(stack, within: float) -> float:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_frees_blocks_within_a_second(colocated, model, stream):
-    body = {"model": model.name, "prompt": "tell me everything", "max_tokens": 1500, "temperature": 0,
-            "ignore_eos": True, "stream": stream}
+    body = {
+        "model": model.name, "prompt": "tell me everything", "max_tokens": 1500, "temperature": 0,
+        "ignore_eos": True, "stream": stream
+    }
     worker = colocated.workers()[0]
     with httpx.Client(base_url=colocated.url, timeout=30) as http:
         if stream:

@@ -1,5 +1,6 @@
-"""LangChain's ChatOpenAI against the whole stack: forced tool calls through bind_tools, and typed answers through
-with_structured_output, whose fields the random-weight model can only get right under the grammar."""
+"""LangChain's ChatOpenAI against the whole stack: forced tool calls through bind_tools, and typed
+answers through with_structured_output, whose fields the random-weight model can only get right
+under the grammar."""
 from __future__ import annotations
 
 from typing import Literal
@@ -34,13 +35,14 @@ PROMPT = "Plan my trip and check the weather."
 
 @pytest.fixture
 def llm(stack, api_key, model):
-    return ChatOpenAI(base_url=stack.url, api_key=api_key, model=model.name, max_tokens=300, temperature=1.0,
-                      seed=0, max_retries=0)
+    return ChatOpenAI(base_url=stack.url, api_key=api_key, model=model.name, max_tokens=300,
+                      temperature=1.0, seed=0, max_retries=0)
 
 
 @pytest.mark.parametrize("tool_choice", ["GetWeather", "any"])
 def test_bind_tools_forced_call_has_valid_args(llm, tool_choice):
-    message = llm.bind_tools([GetWeather, Trip], tool_choice=tool_choice, parallel_tool_calls=False).invoke(PROMPT)
+    message = llm.bind_tools([GetWeather, Trip], tool_choice=tool_choice,
+                             parallel_tool_calls=False).invoke(PROMPT)
     assert len(message.tool_calls) == 1 and not message.invalid_tool_calls
     call = message.tool_calls[0]
     assert tool_choice == "any" or call["name"] == "GetWeather"

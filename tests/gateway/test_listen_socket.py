@@ -1,5 +1,6 @@
-"""The gateway's listening socket: connections it accepts send small writes at once (TCP_NODELAY), so a response
-written in parts (headers, then body; SSE chunks) does not wait on the client's delayed ACK."""
+"""The gateway's listening socket: connections it accepts send small writes at once (TCP_NODELAY),
+so a response written in parts (headers, then body; SSE chunks) does not wait on the client's
+delayed ACK."""
 from __future__ import annotations
 
 import asyncio

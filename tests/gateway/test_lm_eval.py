@@ -1,6 +1,7 @@
-"""lm-evaluation-harness's `local-completions` model runs a log-likelihood (multiple choice) task against the stack,
-disaggregated with every prompt handed off, so the prefill worker scores it. The task and its data are written
-here; nothing is downloaded. Each choice's log-likelihood must equal transformers' on the same checkpoint."""
+"""lm-evaluation-harness's `local-completions` model runs a log-likelihood (multiple choice) task
+against the stack, disaggregated with every prompt handed off, so the prefill worker scores it. The
+task and its data are written here; nothing is downloaded. Each choice's log-likelihood must equal
+transformers' on the same checkpoint."""
 from __future__ import annotations
 
 import json
@@ -43,19 +44,21 @@ def test_local_completions_scores_a_multiple_choice_task(handoff, model, tmp_pat
     data.write_text("".join(json.dumps(doc) + "\n" for doc in DOCS))
     (tmp_path / "task.yaml").write_text(TASK.format(data=data))
     lm = get_model("local-completions")(base_url=f"{handoff.url}/completions", model=model.name,
-                                        tokenizer=str(model), tokenizer_backend="huggingface", max_retries=1,
-                                        max_length=256)
-    results = lm_eval.simple_evaluate(model=lm, tasks=["baton_tiny_mc"], log_samples=True,
-                                      task_manager=TaskManager(include_path=str(tmp_path),
-                                                                               include_defaults=False))
+                                        tokenizer=str(model), tokenizer_backend="huggingface",
+                                        max_retries=1, max_length=256)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=["baton_tiny_mc"], log_samples=True,
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False))
     accuracy = results["results"]["baton_tiny_mc"]["acc,none"]
     assert isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0
     hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     samples = results["samples"]["baton_tiny_mc"]
     assert len(samples) == len(DOCS)
     for sample in samples:
-        assert len(sample["arguments"]) == len(sample["resps"]) == len(DOCS[sample["doc_id"]]["choices"])
-        for (context, continuation), [(loglikelihood, _)] in zip(sample["arguments"], sample["resps"]):
+        assert len(sample["arguments"]) == len(sample["resps"]) == len(
+            DOCS[sample["doc_id"]]["choices"])
+        for (context, continuation), [(loglikelihood, _)] in zip(sample["arguments"],
+                                                                 sample["resps"]):
             ctx, cont = lm._encode_pair(context, continuation)
             with torch.no_grad():
                 logprobs = hf(torch.tensor([ctx + cont])).logits[0].float().log_softmax(dim=-1)

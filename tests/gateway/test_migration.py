@@ -1,6 +1,6 @@
-"""Request migration: a decode worker killed (-9) while 16 greedy streams are mid-flight. With migration on,
-every stream completes with exactly the text of an undisturbed run; with it off, each stream that was on the
-dead worker ends with an error event and the others complete."""
+"""Request migration: a decode worker killed (-9) while 16 greedy streams are mid-flight. With
+migration on, every stream completes with exactly the text of an undisturbed run; with it off, each
+stream that was on the dead worker ends with an error event and the others complete."""
 from __future__ import annotations
 
 import asyncio
@@ -31,11 +31,13 @@ def no_migration_url(stack, model):
     gateway.terminate()
 
 
-async def _stream(client: openai.AsyncOpenAI, model: str, prompt: str, progress: list[int]) -> str | Exception:
+async def _stream(client: openai.AsyncOpenAI, model: str, prompt: str,
+                  progress: list[int]) -> str | Exception:
     text = ""
     try:
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=TOKENS, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True})
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=TOKENS,
+                                                 temperature=0, stream=True,
+                                                 extra_body={"ignore_eos": True})
         async for chunk in stream:
             text += chunk.choices[0].text if chunk.choices else ""
             progress.append(1)
@@ -44,7 +46,8 @@ async def _stream(client: openai.AsyncOpenAI, model: str, prompt: str, progress:
     return text
 
 
-async def _run_and_kill(url: str, model: str, stack, victim_filter) -> tuple[list[str | Exception], str]:
+async def _run_and_kill(url: str, model: str, stack,
+                        victim_filter) -> tuple[list[str | Exception], str]:
     client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     progress: list[int] = []
     tasks = [asyncio.ensure_future(_stream(client, model, p, progress)) for p in PROMPTS]

@@ -1,5 +1,5 @@
-"""A grammar survives migration: constrained streams keep going on another decode worker after theirs is killed
-(-9), each ending valid and exactly as an undisturbed run ends."""
+"""A grammar survives migration: constrained streams keep going on another decode worker after
+theirs is killed (-9), each ending valid and exactly as an undisturbed run ends."""
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +13,14 @@ from tests.launcher import start_stack
 
 STREAMS = 8
 # Long enough (about 100 tokens) that every stream is still going when the worker dies.
-SCHEMA = {"type": "object", "properties": {"digits": {
-    "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 50, "maxItems": 50}},
-    "required": ["digits"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object", "properties": {
+        "digits": {
+            "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "minItems": 50, "maxItems": 50
+        }
+    }, "required": ["digits"], "additionalProperties": False
+}
 
 
 @pytest.fixture(scope="module")

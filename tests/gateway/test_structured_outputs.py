@@ -1,7 +1,7 @@
 """Structured outputs through the whole stack, in both modes, with the official `openai` client.
 
-The model has random weights: left alone it writes gibberish, so output that parses and validates against a
-non-trivial schema, every time, can only come from a constrained decoder."""
+The model has random weights: left alone it writes gibberish, so output that parses and validates
+against a non-trivial schema, every time, can only come from a constrained decoder."""
 from __future__ import annotations
 
 import asyncio
@@ -19,11 +19,15 @@ PERSON = {
         "age": {"type": "integer", "minimum": 18, "maximum": 99},
         "role": {"enum": ["admin", "user", "guest"]},
         "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 6}, "zip": {"type": "integer", "minimum": 1000,
-                                                                            "maximum": 9999}},
-            "required": ["city", "zip"], "additionalProperties": False},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "minItems": 1, "maxItems": 3},
+            "type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 6},
+                "zip": {"type": "integer", "minimum": 1000, "maximum": 9999}
+            }, "required": ["city", "zip"], "additionalProperties": False
+        },
+        "tags": {
+            "type": "array", "items": {"type": "string", "maxLength": 4}, "minItems": 1,
+            "maxItems": 3
+        },
     },
     "required": ["name", "age", "role", "address", "tags"],
     "additionalProperties": False,
@@ -31,24 +35,36 @@ PERSON = {
 MATRIX = {
     "type": "object",
     "properties": {
-        "rows": {"type": "array", "minItems": 2, "maxItems": 3, "items": {
-            "type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer", "minimum": -5, "maximum": 5}}},
+        "rows": {
+            "type": "array", "minItems": 2, "maxItems": 3, "items": {
+                "type": "array", "minItems": 2, "maxItems": 2,
+                "items": {"type": "integer", "minimum": -5, "maximum": 5}
+            }
+        },
         "ok": {"type": "boolean"},
     },
-    "required": ["rows", "ok"], "additionalProperties": False,
+    "required": ["rows", "ok"],
+    "additionalProperties": False,
 }
 ITEMS = {
-    "type": "array", "minItems": 2, "maxItems": 4,
-    "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 50},
-                                               "kind": {"enum": ["a", "b"]}},
-              "required": ["id", "kind"], "additionalProperties": False},
+    "type": "array",
+    "minItems": 2,
+    "maxItems": 4,
+    "items": {
+        "type": "object", "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 50}, "kind": {"enum": ["a", "b"]}
+        }, "required": ["id", "kind"], "additionalProperties": False
+    },
 }
 SCHEMAS = {"person": PERSON, "matrix": MATRIX, "items": ITEMS}
 MESSAGES = [{"role": "user", "content": "Describe someone as JSON."}]
 
 
 def _format(name: str) -> dict:
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}
+    }
 
 
 def _valid(text: str, schema: dict) -> None:
@@ -58,8 +74,8 @@ def _valid(text: str, schema: dict) -> None:
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_json_schema_sync_streamed_and_not(client, model, name):
     for seed in range(2):
-        kwargs = dict(model=model.name, messages=MESSAGES, max_tokens=150, temperature=1.0, seed=seed,
-                      response_format=_format(name))
+        kwargs = dict(model=model.name, messages=MESSAGES, max_tokens=150, temperature=1.0,
+                      seed=seed, response_format=_format(name))
         full = client.chat.completions.create(**kwargs)
         assert full.choices[0].finish_reason == "stop"
         _valid(full.choices[0].message.content, SCHEMAS[name])
@@ -70,7 +86,8 @@ def test_json_schema_sync_streamed_and_not(client, model, name):
 
 def test_json_schema_async_streamed_and_not(async_client, model):
     async def one(seed: int, stream: bool) -> str:
-        kwargs = dict(model=model.name, messages=MESSAGES, max_tokens=150, seed=seed, response_format=_format("person"))
+        kwargs = dict(model=model.name, messages=MESSAGES, max_tokens=150, seed=seed,
+                      response_format=_format("person"))
         if not stream:
             return (await async_client.chat.completions.create(**kwargs)).choices[0].message.content
         text = ""
@@ -79,7 +96,8 @@ def test_json_schema_async_streamed_and_not(async_client, model):
         return text
 
     async def run() -> list[str]:
-        return await asyncio.gather(*(one(seed, stream) for seed in range(3) for stream in (False, True)))
+        return await asyncio.gather(*(one(seed, stream) for seed in range(3)
+                                      for stream in (False, True)))
 
     texts = asyncio.run(run())
     for text in texts:
@@ -88,10 +106,11 @@ def test_json_schema_async_streamed_and_not(async_client, model):
 
 
 def test_json_object_greedy(client, model):
-    out = client.chat.completions.create(model=model.name, messages=MESSAGES, max_tokens=100, temperature=0,
-                                         response_format={"type": "json_object"})
+    out = client.chat.completions.create(model=model.name, messages=MESSAGES, max_tokens=100,
+                                         temperature=0, response_format={"type": "json_object"})
     text = out.choices[0].message.content
-    # Any object is allowed, so a random model may run out of tokens before closing it; it must still be one.
+    # Any object is allowed, so a random model may run out of tokens before closing it; it must
+    # still be one.
     assert text.startswith("{")
     if out.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
@@ -102,7 +121,8 @@ def test_regex_choice_and_grammar_on_completions(client, model):
     choices = ["red", "green", "blue sky"]
     for seed in range(3):
         common = dict(model=model.name, prompt="The answer is", max_tokens=30, seed=seed)
-        out = client.completions.create(**common, extra_body={"structured_outputs": {"regex": regex}})
+        out = client.completions.create(**common,
+                                        extra_body={"structured_outputs": {"regex": regex}})
         assert re.fullmatch(regex, out.choices[0].text) and out.choices[0].finish_reason == "stop"
         out = client.completions.create(**common, extra_body={"guided_choice": choices})
         assert out.choices[0].text in choices
@@ -111,18 +131,25 @@ def test_regex_choice_and_grammar_on_completions(client, model):
         out = client.completions.create(**common, extra_body={
             "structured_outputs": {"grammar": 'start: "x=" NUM\nNUM: /[0-9]{1,3}/'}})
         assert re.fullmatch(r"x=[0-9]{1,3}", out.choices[0].text)
-        out = client.completions.create(**{**common, "max_tokens": 100}, extra_body={"guided_json": ITEMS})
+        out = client.completions.create(**{**common, "max_tokens": 100},
+                                        extra_body={"guided_json": ITEMS})
         _valid(out.choices[0].text, ITEMS)
 
 
 def test_invalid_schema_is_a_400_naming_the_field(client, model):
-    bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {
-        "a": {"$ref": "#/definitions/missing"}}}}}
+    bad = {
+        "type": "json_schema", "json_schema": {
+            "name": "bad",
+            "schema": {"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}
+        }
+    }
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=model.name, messages=MESSAGES, max_tokens=5, response_format=bad)
+        client.chat.completions.create(model=model.name, messages=MESSAGES, max_tokens=5,
+                                       response_format=bad)
     assert e.value.body["param"] == "response_format"
     assert "missing" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=model.name, prompt="x", max_tokens=5,
-                                  extra_body={"structured_outputs": {"grammar": "start: undefined_rule"}})
+        client.completions.create(
+            model=model.name, prompt="x", max_tokens=5,
+            extra_body={"structured_outputs": {"grammar": "start: undefined_rule"}})
     assert e.value.body["param"] == "structured_outputs"

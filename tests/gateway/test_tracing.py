@@ -1,5 +1,6 @@
-"""OpenTelemetry: each service exports as the standard OTEL_* variables say, the gateway's root span honours an
-incoming W3C traceparent, and its context reaches the router and both workers (separate processes)."""
+"""OpenTelemetry: each service exports as the standard OTEL_* variables say, the gateway's root span
+honours an incoming W3C traceparent, and its context reaches the router and both workers (separate
+processes)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ CLIENT_SPAN_ID = "00f067aa0ba902b7"
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, ["otlp"]),
 ])
 def test_exporters_come_from_the_standard_variables(monkeypatch, env, expected):
-    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -41,7 +43,8 @@ def test_nothing_is_installed_without_otel_variables(monkeypatch):
 
 
 def _spans(service: ServiceProcess) -> list[dict]:
-    """The spans ConsoleSpanExporter printed: one indented JSON object each, opening at the start of a line."""
+    """The spans ConsoleSpanExporter printed: one indented JSON object each, opening at the start of
+    a line."""
     text, decoder, spans = service.log(), json.JSONDecoder(), []
     start = text.find("{\n")
     while start >= 0:
@@ -79,7 +82,10 @@ def traced_stack():
 def _wait_for(service: ServiceProcess, name: str, timeout: float = 20.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [s for s in _spans(service) if s["name"] == name and s["context"]["trace_id"] == "0x" + TRACE_ID]
+        found = [
+            s for s in _spans(service)
+            if s["name"] == name and s["context"]["trace_id"] == "0x" + TRACE_ID
+        ]
         if found:
             return found[0]
         time.sleep(0.1)

@@ -1,4 +1,5 @@
-"""The chart lints, renders with every values file, and what it renders is valid Kubernetes and Baton."""
+"""The chart lints, renders with every values file, and what it renders is valid Kubernetes and
+Baton."""
 from __future__ import annotations
 
 import difflib
@@ -22,7 +23,8 @@ MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
 @pytest.mark.parametrize("name", VALUES)
 def test_helm_lint(helm: str, name: str) -> None:
     values = VALUES[name]
-    result = run_helm(helm, "lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+    result = run_helm(helm, "lint", "--strict", str(CHART),
+                      *(["-f", str(values)] if values else []))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -37,7 +39,9 @@ def test_crd_files_are_the_generated_ones() -> None:
     for file_name, document in crd_schema.all_crds().items():
         on_disk = (CHART / "crds" / file_name).read_text(encoding="utf-8")
         assert on_disk == crd_schema.render(document), (
-            f"crds/{file_name} is stale: run `python -m baton.operators.crd_schema {CHART / 'crds'}`")
+            f"crds/{file_name} is stale: run `python -m baton.operators.crd_schema "
+            f"{CHART / 'crds'}`"
+        )
 
 
 @pytest.mark.parametrize("name", VALUES)
@@ -61,7 +65,8 @@ def check_monitor(doc: dict) -> None:
     spec = doc["spec"]
     assert doc["apiVersion"] == "monitoring.coreos.com/v1"
     assert spec["selector"]["matchLabels"]
-    endpoints = spec["endpoints"] if doc["kind"] == "ServiceMonitor" else spec["podMetricsEndpoints"]
+    endpoints = (spec["endpoints"]
+                 if doc["kind"] == "ServiceMonitor" else spec["podMetricsEndpoints"])
     assert endpoints and all(e["port"] and e["interval"] for e in endpoints)
 
 
@@ -76,7 +81,9 @@ def test_restricted_security_context(rendered: dict[str, str], name: str) -> Non
         for container in pod["containers"]:
             ctx = container["securityContext"]
             assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
-            assert ctx["capabilities"]["drop"] == ["ALL"] and ctx["seccompProfile"]["type"] == "RuntimeDefault"
+            assert ctx["capabilities"]["drop"] == [
+                "ALL"
+            ] and ctx["seccompProfile"]["type"] == "RuntimeDefault"
 
 
 def rbac_kinds(name: str, rendered: dict[str, str]) -> dict[str, list[dict]]:
@@ -92,7 +99,8 @@ def test_rbac_is_namespaced_when_namespaces_are_listed(rendered: dict[str, str])
     assert sorted(r["metadata"]["namespace"] for r in kinds["Role"]) == ["llm-prod", "llm-staging"]
     rules = kinds["Role"][0]["rules"]
     assert not any("monitoring.coreos.com" in r["apiGroups"] for r in rules)
-    assert not any("secrets" in r["resources"] for r in rules), "the operator only references Secrets by name"
+    assert not any("secrets" in r["resources"]
+                   for r in rules), "the operator only references Secrets by name"
     assert not any("*" in r["verbs"] + r["resources"] for r in rules)
     assert len(rbac_kinds("default", rendered)["ClusterRole"]) == 1
 
@@ -108,14 +116,15 @@ def test_dashboards_carry_the_sidecar_label(rendered: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("name", VALUES)
 def test_golden(rendered: dict[str, str], name: str) -> None:
-    """The whole rendering per values file; BATON_UPDATE_GOLDEN=1 rewrites them after an intended change."""
+    """The whole rendering per values file; BATON_UPDATE_GOLDEN=1 rewrites them after an intended
+    change."""
     golden = GOLDEN / f"{name}.yaml"
     if os.environ.get("BATON_UPDATE_GOLDEN"):
         golden.write_text(rendered[name], encoding="utf-8")
         pytest.skip("golden rewritten; nothing was compared")
     expected = golden.read_text(encoding="utf-8") if golden.exists() else ""
     if rendered[name] != expected:
-        diff = difflib.unified_diff(expected.splitlines(), rendered[name].splitlines(), f"golden/{name}.yaml",
-                                    "rendered", lineterm="", n=2)
-        pytest.fail("chart output changed (BATON_UPDATE_GOLDEN=1 accepts it):\n" + "\n".join(list(diff)[:200]))
-
+        diff = difflib.unified_diff(expected.splitlines(), rendered[name].splitlines(),
+                                    f"golden/{name}.yaml", "rendered", lineterm="", n=2)
+        pytest.fail("chart output changed (BATON_UPDATE_GOLDEN=1 accepts it):\n" +
+                    "\n".join(list(diff)[:200]))

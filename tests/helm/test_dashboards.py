@@ -1,5 +1,6 @@
-"""The Grafana dashboards are well-formed and every PromQL expression (theirs and the autoscaler's) names only
-metrics from dashboards/metrics.txt, the list a live /metrics scrape is to be checked against."""
+"""The Grafana dashboards are well-formed and every PromQL expression (theirs and the autoscaler's)
+names only metrics from dashboards/metrics.txt, the list a live /metrics scrape is to be checked
+against."""
 from __future__ import annotations
 
 import json
@@ -74,6 +75,8 @@ def test_autoscaler_promql_names_only_known_metrics() -> None:
 
 
 def test_metric_check_catches_an_unknown_name() -> None:
-    assert metric_names("rate(baton_made_up_total[1m])") - known_metrics() == {"baton_made_up_total"}
+    assert metric_names("rate(baton_made_up_total[1m])") - known_metrics() == {
+        "baton_made_up_total"
+    }
     assert metric_names("sum(rate(baton_time_to_first_token_seconds_bucket[1m]))") == \
         {"baton_time_to_first_token_seconds"}

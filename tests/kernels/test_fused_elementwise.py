@@ -1,7 +1,8 @@
 """The fused RMSNorm, SiLU-and-mul and rotary kernels against their torch references.
 
-float64 runs compare the kernel with the reference at the same precision (interpreter mode on CPU, compiled on a
-GPU); lower precisions are checked against the float64 reference within their rounding.
+float64 runs compare the kernel with the reference at the same precision (interpreter mode on CPU,
+compiled on a GPU); lower precisions are checked against the float64 reference within their
+rounding.
 """
 import pytest
 import torch
@@ -13,7 +14,8 @@ from baton.kernels.silu_and_mul import silu_and_mul
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
-DTYPES = pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda d: str(d).removeprefix("torch."))
+DTYPES = pytest.mark.parametrize("dtype", list(TOLERANCE),
+                                 ids=lambda d: str(d).removeprefix("torch."))
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -52,8 +54,10 @@ def test_silu_and_mul(rows: int, n: int, dtype: torch.dtype) -> None:
 
 
 @DTYPES
-@pytest.mark.parametrize("tokens,q_heads,kv_heads,head_dim", [(1, 4, 4, 16), (9, 8, 2, 64), (20, 6, 1, 128)])
-def test_rotary(tokens: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("tokens,q_heads,kv_heads,head_dim", [(1, 4, 4, 16), (9, 8, 2, 64),
+                                                              (20, 6, 1, 128)])
+def test_rotary(tokens: int, q_heads: int, kv_heads: int, head_dim: int,
+                dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(tokens * 3 + head_dim)
     max_pos = 512
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -66,7 +70,8 @@ def test_rotary(tokens: int, q_heads: int, kv_heads: int, head_dim: int, dtype: 
     want_q, want_k = qkv[:, :q_heads].clone(), qkv[:, q_heads:q_heads + kv_heads].clone()
     apply_rotary_ref(want_q, want_k, cos, sin, positions)
     dev = qkv.to(dtype).to(DEVICE)
-    q, k, v_before = dev[:, :q_heads], dev[:, q_heads:q_heads + kv_heads], dev[:, q_heads + kv_heads:].clone()
+    q, k, v_before = dev[:, :q_heads], dev[:, q_heads:q_heads + kv_heads], dev[:, q_heads +
+                                                                               kv_heads:].clone()
     apply_rotary(q, k, cos.to(DEVICE), sin.to(DEVICE), positions.to(DEVICE))
     _close(q, want_q, dtype)
     _close(k, want_k, dtype)

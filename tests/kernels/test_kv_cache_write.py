@@ -12,7 +12,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     "num_tokens,num_kv_heads,head_dim,block_size",
     [(1, 1, 16, 16), (21, 2, 32, 16), (40, 3, 64, 32), (9, 8, 128, 8)],
 )
-def test_write_kv_cache(num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> None:
+def test_write_kv_cache(num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int,
+                        dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(num_tokens * 131 + head_dim)
     num_blocks = num_tokens // block_size + 3
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]

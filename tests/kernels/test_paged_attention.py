@@ -16,10 +16,10 @@ DTYPES = list(TOLERANCE)
 GARBAGE = 1e3  # fills cache slots no sequence owns: any read of them swamps the result
 
 
-def make_paged_cache(
-    ctx_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random cache whose sequences own shuffled, non-contiguous block ids; table padding points at a garbage block."""
+def make_paged_cache(ctx_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int,
+                     dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random cache whose sequences own shuffled, non-contiguous block ids; table padding points at
+    a garbage block."""
     blocks_per_seq = [-(-n // block_size) for n in ctx_lens]
     num_blocks = sum(blocks_per_seq) + 2
     ids = torch.randperm(num_blocks, generator=gen)
@@ -45,7 +45,8 @@ def make_query(
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Max absolute error over the largest reference magnitude (elementwise ratios blow up near zero)."""
+    """Max absolute error over the largest reference magnitude (elementwise ratios blow up near
+    zero)."""
     assert out.shape == ref.shape and torch.isfinite(out).all()
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
@@ -66,7 +67,8 @@ def test_decode_matches_reference(layout: tuple[int, int, int, int], dtype: torc
     lens = torch.tensor(ctx_lens, dtype=torch.int32)
     scale = head_dim**-0.5
 
-    out = paged_decode_attention(query.to(DEVICE), cache.to(DEVICE), table.to(DEVICE), lens.to(DEVICE), scale)
+    out = paged_decode_attention(query.to(DEVICE), cache.to(DEVICE), table.to(DEVICE),
+                                 lens.to(DEVICE), scale)
     ref = paged_decode_attention_ref(query.double(), cache.double(), table, lens, scale)
     assert out.dtype == dtype
     assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
@@ -77,7 +79,8 @@ def test_decode_empty_context_gives_zeros() -> None:
     cache, table = make_paged_cache([5, 1], 2, 16, 16, torch.float32, gen)
     query = make_query(2, 4, 2, 16, gen)
     lens = torch.tensor([5, 0], dtype=torch.int32)
-    out = paged_decode_attention(query.to(DEVICE), cache.to(DEVICE), table.to(DEVICE), lens.to(DEVICE), 0.25).cpu()
+    out = paged_decode_attention(query.to(DEVICE), cache.to(DEVICE), table.to(DEVICE),
+                                 lens.to(DEVICE), 0.25).cpu()
     ref = paged_decode_attention_ref(query, cache, table, lens, 0.25)
     assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.equal(ref[1], out[1])
     assert rel_err(out, ref.double()) < 1e-5
@@ -102,13 +105,15 @@ def test_prefill_matches_reference(
     gen = torch.Generator().manual_seed(sum(layout) + len(chunks))
     ctx_lens = [prefix + q for prefix, q in chunks]
     cache, table = make_paged_cache(ctx_lens, num_kv_heads, head_dim, block_size, dtype, gen)
-    starts = torch.tensor([0] + [q for _, q in chunks], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    starts = torch.tensor([0] + [q for _, q in chunks],
+                          dtype=torch.int32).cumsum(0, dtype=torch.int32)
     query = make_query(int(starts[-1]), num_q_heads, num_kv_heads, head_dim, gen).to(dtype)
     lens = torch.tensor(ctx_lens, dtype=torch.int32)
     scale = head_dim**-0.5
 
     args = (table, starts, lens)
-    out = paged_prefill_attention(query.to(DEVICE), cache.to(DEVICE), *(a.to(DEVICE) for a in args), scale)
+    out = paged_prefill_attention(query.to(DEVICE), cache.to(DEVICE), *(a.to(DEVICE) for a in args),
+                                  scale)
     ref = paged_prefill_attention_ref(query.double(), cache.double(), *args, scale)
     assert out.dtype == dtype
     assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
@@ -121,13 +126,15 @@ def test_references_match_sdpa(num_q_heads: int, num_kv_heads: int) -> None:
     chunks = [(0, 5), (13, 7), (20, 1), (0, 1)]
     gen = torch.Generator().manual_seed(num_q_heads)
     ctx_lens = [prefix + q for prefix, q in chunks]
-    cache, table = make_paged_cache(ctx_lens, num_kv_heads, head_dim, block_size, torch.float64, gen)
+    cache, table = make_paged_cache(ctx_lens, num_kv_heads, head_dim, block_size, torch.float64,
+                                    gen)
     starts = [0]
     for _, q in chunks:
         starts.append(starts[-1] + q)
     query = torch.randn(starts[-1], num_q_heads, head_dim, generator=gen, dtype=torch.float64)
     lens = torch.tensor(ctx_lens, dtype=torch.int32)
-    prefill = paged_prefill_attention_ref(query, cache, table, torch.tensor(starts, dtype=torch.int32), lens, scale)
+    prefill = paged_prefill_attention_ref(query, cache, table,
+                                          torch.tensor(starts, dtype=torch.int32), lens, scale)
     last_rows = torch.tensor(starts[1:]) - 1
     decode = paged_decode_attention_ref(query[last_rows], cache, table, lens, scale)
 
@@ -137,8 +144,10 @@ def test_references_match_sdpa(num_q_heads: int, num_kv_heads: int) -> None:
         v = cache[:, 1].flatten(0, 1)[slots].transpose(0, 1)
         q = query[starts[s] : starts[s + 1]].transpose(0, 1)  # [Hq, q, D]
         causal = torch.arange(n)[None, :] <= torch.arange(n - q.shape[1], n)[:, None]
-        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=scale, enable_gqa=True)
-        torch.testing.assert_close(prefill[starts[s] : starts[s + 1]], expected.transpose(0, 1), rtol=1e-12, atol=1e-12)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=scale,
+                                                  enable_gqa=True)
+        torch.testing.assert_close(prefill[starts[s]:starts[s + 1]], expected.transpose(0, 1),
+                                   rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(decode[s], expected[:, -1], rtol=1e-12, atol=1e-12)
 
 
@@ -152,7 +161,8 @@ def test_compiled_long_contexts(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(7)
     ctx_lens = [prefix + q for prefix, q in chunks]
     cache, table = make_paged_cache(ctx_lens, num_kv_heads, head_dim, block_size, dtype, gen)
-    starts = torch.tensor([0] + [q for _, q in chunks], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    starts = torch.tensor([0] + [q for _, q in chunks],
+                          dtype=torch.int32).cumsum(0, dtype=torch.int32)
     query = make_query(int(starts[-1]), num_q_heads, num_kv_heads, head_dim, gen).to(dtype)
     lens = torch.tensor(ctx_lens, dtype=torch.int32)
     cuda = [t.cuda() for t in (query, cache, table, starts, lens)]

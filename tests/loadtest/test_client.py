@@ -1,5 +1,5 @@
-"""The load-test client's reading of a streamed completion, fed server-sent events as vLLM, Baton and
-`transformers serve` write them."""
+"""The load-test client's reading of a streamed completion, fed server-sent events as vLLM, Baton
+and `transformers serve` write them."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,9 @@ from baton.loadtest.stats import FAILED, OK, REFUSED
 
 
 def chunk(text: str | None = None, finish: str | None = None, usage: dict | None = None) -> str:
-    choices = [] if text is None and finish is None else [{"index": 0, "text": text or "", "finish_reason": finish}]
+    choices = [] if text is None and finish is None else [{
+        "index": 0, "text": text or "", "finish_reason": finish
+    }]
     return json.dumps({"choices": choices, **({"usage": usage} if usage else {})})
 
 
@@ -23,9 +25,11 @@ def fed(events: list[tuple[float, str]]) -> StreamTimes:
 
 
 def test_tokens_usage_and_cached_tokens_are_read_from_a_vllm_style_stream():
-    usage = {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}}
-    stream = fed([(10.5, chunk("a")), (10.6, chunk("b")), (10.8, chunk("c")), (10.8, chunk("", "length")),
-                  (10.8, chunk(usage=usage)), (10.9, "[DONE]")])
+    usage = {
+        "prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}
+    }
+    stream = fed([(10.5, chunk("a")), (10.6, chunk("b")), (10.8, chunk("c")),
+                  (10.8, chunk("", "length")), (10.8, chunk(usage=usage)), (10.9, "[DONE]")])
     r = stream.result(start_s=1.0, prompt_tokens=37)
     assert r.status == OK
     assert r.ttft_s == pytest.approx(0.5) and r.e2e_s == pytest.approx(0.8)
@@ -35,15 +39,18 @@ def test_tokens_usage_and_cached_tokens_are_read_from_a_vllm_style_stream():
 
 def test_a_stream_closed_after_its_finish_reason_without_done_is_answered():
     # transformers serve ends with the finish reason and usage, and no [DONE].
-    stream = fed([(10.1, chunk("a")), (10.2, chunk("", "length", {"prompt_tokens": 5, "completion_tokens": 1}))])
+    stream = fed([(10.1, chunk("a")),
+                  (10.2, chunk("", "length", {"prompt_tokens": 5, "completion_tokens": 1}))])
     r = stream.result(start_s=0.0, prompt_tokens=5)
     assert r.status == OK and r.cached_tokens is None
 
 
 def test_a_one_token_answer_without_text_is_answered_at_its_closing_chunk():
-    # The token is a lone byte of a multi-byte character: its text stays empty, its chunk also closes the stream.
+    # The token is a lone byte of a multi-byte character: its text stays empty, its chunk also
+    # closes the stream.
     usage = {"prompt_tokens": 5, "completion_tokens": 1}
-    r = fed([(10.3, chunk("", "length")), (10.3, chunk(usage=usage)), (10.3, "[DONE]")]).result(0.0, 5)
+    r = fed([(10.3, chunk("", "length")), (10.3, chunk(usage=usage)),
+             (10.3, "[DONE]")]).result(0.0, 5)
     assert r.status == OK and r.ttft_s == pytest.approx(0.3) and r.output_tokens == 1
 
 

@@ -1,4 +1,5 @@
-"""`baton loadtest-compare` on two small sweeps: one table row per rate and system, and the figure."""
+"""`baton loadtest-compare` on two small sweeps: one table row per rate and system, and the
+figure."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,10 @@ from baton.services.cli.main import main
 def sweep(ttft_s: float) -> dict:
     points = []
     for rate in (1.0, 2.0):
-        results = [RequestResult(i, OK, ttft_s=ttft_s * rate, e2e_s=1.0, itls_s=[0.01] * 9, output_tokens=10)
-                   for i in range(10)]
+        results = [
+            RequestResult(i, OK, ttft_s=ttft_s * rate, e2e_s=1.0, itls_s=[0.01] * 9,
+                          output_tokens=10) for i in range(10)
+        ]
         points.append({"rate": rate, "summary": summarize(results, 10.0, SLO(ttft_ms=300))})
     return {"points": points, "distserve_goodput_rps": 1.0}
 

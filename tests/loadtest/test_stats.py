@@ -6,18 +6,22 @@ import math
 import pytest
 
 from baton.loadtest.prometheus import bucket_of, diff, histogram_quantile, parse_histogram
-from baton.loadtest.stats import (FAILED, OK, REFUSED, SLO, RequestResult, attainment, distserve_goodput,
-                                  goodput_rps, percentiles, prefix_reuse_bound, summarize)
+from baton.loadtest.stats import (FAILED, OK, REFUSED, SLO, RequestResult, attainment,
+                                  distserve_goodput, goodput_rps, percentiles, prefix_reuse_bound,
+                                  summarize)
 
 
 def answered(ttft: float, gaps: list[float], start: float = 0.0) -> RequestResult:
     """A request whose tokens came at ttft, then after each gap."""
-    return RequestResult(start, OK, ttft_s=ttft, e2e_s=ttft + sum(gaps), itls_s=gaps, output_tokens=len(gaps) + 1)
+    return RequestResult(start, OK, ttft_s=ttft, e2e_s=ttft + sum(gaps), itls_s=gaps,
+                         output_tokens=len(gaps) + 1)
 
 
 def test_percentiles_interpolate_linearly_between_order_statistics():
     values = [float(v) for v in range(1, 101)]  # 1..100
-    assert percentiles(values) == {"p50": 50.5, "p90": pytest.approx(90.1), "p99": pytest.approx(99.01)}
+    assert percentiles(values) == {
+        "p50": 50.5, "p90": pytest.approx(90.1), "p99": pytest.approx(99.01)
+    }
     assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
 
 
@@ -29,7 +33,8 @@ def test_tpot_excludes_the_first_token_and_is_undefined_for_one_token():
 
 
 def test_itl_pools_every_gap_and_tpot_averages_per_request():
-    # One request with 10 fast gaps, one with 1 slow gap: ITL is dominated by the fast gaps, TPOT is per request.
+    # One request with 10 fast gaps, one with 1 slow gap: ITL is dominated by the fast gaps, TPOT is
+    # per request.
     results = [answered(0.1, [0.01] * 10), answered(0.1, [1.0])]
     s = summarize(results, duration_s=10)
     assert s["itl_ms"]["p50"] == pytest.approx(10.0)
@@ -78,7 +83,8 @@ other_bucket{le="0.1"} 99
 def test_histogram_quantile_interpolates_inside_the_bucket_like_prometheus():
     b = parse_histogram(TEXT, "h")
     assert b == [(0.1, 2), (0.2, 6), (0.4, 10), (math.inf, 10)]
-    assert histogram_quantile(0.5, b) == pytest.approx(0.175)  # rank 5: 3/4 of the way through (0.1, 0.2]
+    # rank 5: 3/4 of the way through (0.1, 0.2]
+    assert histogram_quantile(0.5, b) == pytest.approx(0.175)
     assert histogram_quantile(0.1, b) == pytest.approx(0.05)  # rank 1 in the first bucket, from 0
     assert histogram_quantile(0.9, b) == pytest.approx(0.35)
     assert bucket_of(0.15, b) == (0.1, 0.2)
@@ -96,7 +102,8 @@ def test_a_rank_in_the_inf_bucket_gives_the_highest_finite_bound_and_diff_isolat
 def test_prefix_hit_ratio_counts_only_answers_that_report_cached_tokens():
     results = [RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=100, cached_tokens=64),
                RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=300, cached_tokens=0),
-               RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=1000),  # a server that does not say
+               # a server that does not say
+               RequestResult(0, OK, ttft_s=0.1, e2e_s=0.2, prompt_tokens=1000),
                RequestResult(0, FAILED, prompt_tokens=500, cached_tokens=500)]
     assert summarize(results, duration_s=1)["prefix_hit_ratio"] == pytest.approx(64 / 400)
     assert summarize(results[2:], duration_s=1)["prefix_hit_ratio"] is None

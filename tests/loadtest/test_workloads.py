@@ -6,7 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from baton.loadtest.arrivals import gamma_arrivals, poisson_arrivals, rescaled_trace_arrivals, trace_time_factor
+from baton.loadtest.arrivals import (gamma_arrivals, poisson_arrivals, rescaled_trace_arrivals,
+                                     trace_time_factor)
 from baton.loadtest.scenarios import WorkloadSpec, iter_requests
 from baton.loadtest.traces import trace_path
 
@@ -51,11 +52,13 @@ def test_shared_prefix_requests_start_with_one_of_the_system_prompts():
     reqs = list(itertools.islice(iter_requests(spec), 300))
     prefixes = {tuple(r.prompt[:64]) for r in reqs}
     assert len(prefixes) == 3
-    assert max(sum(tuple(r.prompt[:64]) == p for r in reqs) for p in prefixes) > 100  # the popular one
+    # the popular one
+    assert max(sum(tuple(r.prompt[:64]) == p for r in reqs) for p in prefixes) > 100
 
 
 def test_multi_turn_turns_resend_the_whole_history():
-    reqs = list(itertools.islice(iter_requests(WorkloadSpec("multi-turn", 512, sessions=2, turns=3)), 40))
+    reqs = list(
+        itertools.islice(iter_requests(WorkloadSpec("multi-turn", 512, sessions=2, turns=3)), 40))
     last: dict[int, list[int]] = {}
     grew = 0
     for r in reqs:
@@ -76,4 +79,5 @@ def test_mooncake_replay_shares_blocks_where_hash_ids_are_shared():
     assert all(r.trace_s is not None for r in reqs)
     assert [r.trace_s for r in reqs] == sorted(r.trace_s for r in reqs)
     firsts = [tuple(r.prompt[:16]) for r in reqs if len(r.prompt) >= 16]
-    assert len(set(firsts)) < len(firsts)  # requests with a common first hash id share their first 16 tokens
+    # requests with a common first hash id share their first 16 tokens
+    assert len(set(firsts)) < len(firsts)

@@ -1,4 +1,5 @@
-"""Runs the real operator (kopf, all handlers) against kmock, a Kubernetes API emulator, in its own thread."""
+"""Runs the real operator (kopf, all handlers) against kmock, a Kubernetes API emulator, in its own
+thread."""
 from __future__ import annotations
 
 import asyncio
@@ -27,19 +28,25 @@ RESOURCES = {
     "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding", "namespaced": True},
     "v1/services": {"kind": "Service", "namespaced": True},
     "v1/pods": {"kind": "Pod", "namespaced": True},
-    "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": ["scale", "status"]},
+    "apps/v1/deployments": {
+        "kind": "Deployment", "namespaced": True, "subresources": ["scale", "status"]
+    },
     "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True},
-    f"{r.API_VERSION}/{r.DEPLOYMENT_PLURAL}": {"kind": r.DEPLOYMENT_KIND, "namespaced": True,
-                                               "subresources": ["status"]},
-    f"{r.API_VERSION}/{r.POOL_PLURAL}": {"kind": r.POOL_KIND, "namespaced": True, "subresources": ["status", "scale"]},
+    f"{r.API_VERSION}/{r.DEPLOYMENT_PLURAL}": {
+        "kind": r.DEPLOYMENT_KIND, "namespaced": True, "subresources": ["status"]
+    },
+    f"{r.API_VERSION}/{r.POOL_PLURAL}": {
+        "kind": r.POOL_KIND, "namespaced": True, "subresources": ["status", "scale"]
+    },
 }
 
 
 class EmulatorKube(Kube):
-    """Stamps what the API server would on creation (uid, resourceVersion); kmock assigns neither, and kopf
-    cannot handle objects the operator made itself without them."""
+    """Stamps what the API server would on creation (uid, resourceVersion); kmock assigns neither,
+    and kopf cannot handle objects the operator made itself without them."""
 
-    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    async def call(self, method: str, path: str, body: Any = None,
+                   content_type: str = "application/json") -> Any:
         if method == "POST" and isinstance(body, dict):
             meta = body.setdefault("metadata", {})
             meta.setdefault("uid", str(uuid.uuid4()))
@@ -64,7 +71,8 @@ class Operator:
     def writes(self) -> list[tuple[str, str, Any]]:
         """Every object-changing request kmock has seen so far: (method, path, body)."""
         return [(q.method.value.upper(), q.url.path, q.data) for q in self.kmock
-                if q.method.value.upper() in ("POST", "PATCH", "PUT", "DELETE") and "/events" not in q.url.path]
+                if q.method.value.upper() in ("POST", "PATCH", "PUT",
+                                              "DELETE") and "/events" not in q.url.path]
 
 
 class RecordingKube(EmulatorKube):
@@ -74,7 +82,8 @@ class RecordingKube(EmulatorKube):
         super().__init__(api)
         self.written: list[str] = []
 
-    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    async def call(self, method: str, path: str, body: Any = None,
+                   content_type: str = "application/json") -> Any:
         if method != "GET":
             self.written.append(f"{method} {path}")
         return await super().call(method, path, body, content_type)
@@ -95,7 +104,9 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
 async def operator(kmock: Any) -> AsyncIterator[Operator]:
     for key, info in RESOURCES.items():
         # Without verbs kopf deems a resource unwatchable and silently serves nothing.
-        kmock.resources[key] = {**info, "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]}
+        kmock.resources[key] = {
+            **info, "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]
+        }
     url = str(kmock.url).rstrip("/")
     kube, source = EmulatorKube(new_api_client(host=url)), FakeSource()
     config = OperatorSettings(autoscale_interval_seconds=0.2, metrics_port=0, health_port=0)
@@ -116,14 +127,17 @@ async def operator(kmock: Any) -> AsyncIterator[Operator]:
 
     stop, ready = threading.Event(), threading.Event()
     memo = kopf.Memo(config=config, kube=kube, source=source)
-    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(
-        registry=registry, memo=memo, standalone=True, clusterwide=True, stop_flag=stop, ready_flag=ready)),
-        daemon=True)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(
+            kopf.operator(registry=registry, memo=memo, standalone=True, clusterwide=True, stop_flag
+                          =stop, ready_flag=ready)), daemon=True)
     thread.start()
     op = Operator(kube, source, kmock)
     # kmock replays existing objects to each new watch: create objects only once kopf watches.
-    await eventually(lambda: any(q.params.get("watch") and r.POOL_PLURAL in q.url.path for q in kmock))
-    await eventually(lambda: any(q.params.get("watch") and r.DEPLOYMENT_PLURAL in q.url.path for q in kmock))
+    await eventually(
+        lambda: any(q.params.get("watch") and r.POOL_PLURAL in q.url.path for q in kmock))
+    await eventually(
+        lambda: any(q.params.get("watch") and r.DEPLOYMENT_PLURAL in q.url.path for q in kmock))
     yield op
     stop.set()
     await asyncio.to_thread(thread.join, 10)

@@ -1,5 +1,6 @@
-"""The operator's router client (autoscaler signals, scale-down drain) against the router's real HTTP handlers:
-a real Router facade behind serve_probes with the routes services/router/server.py installs."""
+"""The operator's router client (autoscaler signals, scale-down drain) against the router's real
+HTTP handlers: a real Router facade behind serve_probes with the routes services/router/server.py
+installs."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ NOW = 1_000.0
 def router() -> Router:
     router = Router(RouterConfig(model="m"), CollectorRegistry(), Clock(NOW))
     for worker_id, role, load in (("qwen-prefill-a", Role.PREFILL, {"queued": 900, "kv_used": 200}),
-                                  ("qwen-decode-a", Role.DECODE, {"running": 6, "waiting": 2, "kv_used": 500}),
+                                  ("qwen-decode-a", Role.DECODE,
+                                   {"running": 6, "waiting": 2, "kv_used": 500}),
                                   ("qwen-decode-b", Role.DECODE, {"running": 2, "kv_used": 300})):
         router.register_worker(worker_id, f"{worker_id}:8100", role, model="m", block_size=16)
         proto_role = worker_pb2.ROLE_PREFILL if role is Role.PREFILL else worker_pb2.ROLE_DECODE
@@ -54,7 +56,9 @@ def pool(url: str, role: str) -> PoolRef:
 async def test_autoscaler_reads_the_routers_stats(url: str) -> None:
     async with aiohttp.ClientSession() as session:
         source = RouterStatsSource(session)
-        decode, prefill, mixed = [await source.fetch(pool(url, role)) for role in ("decode", "prefill", "mixed")]
+        decode, prefill, mixed = [
+            await source.fetch(pool(url, role)) for role in ("decode", "prefill", "mixed")
+        ]
     assert (decode.kv_cache_usage, decode.running_requests, decode.waiting_requests) == (0.4, 10, 0)
     assert prefill.kv_cache_usage == 0.2
     assert mixed.running_requests == 0 and mixed.idle()
@@ -64,10 +68,13 @@ class PodKube:
     """The two calls drain makes: list the pool's pods, mark the victims."""
 
     def __init__(self, names: list[str]) -> None:
-        self.pods = [{"metadata": {"name": n, "creationTimestamp": f"2024-01-0{i + 1}T00:00:00Z"},
-                      "status": {"conditions": [{"type": "Ready", "status": "True"}]}} for i, n in enumerate(names)]
+        self.pods = [{
+            "metadata": {"name": n, "creationTimestamp": f"2024-01-0{i + 1}T00:00:00Z"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        } for i, n in enumerate(names)]
 
-    async def list(self, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    async def list(self, kind: str, namespace: str, selector: dict[str,
+                                                                   str]) -> list[dict[str, Any]]:
         return self.pods
 
     async def patch(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -75,12 +82,13 @@ class PodKube:
 
 
 @pytest.mark.asyncio
-async def test_scale_down_drains_the_pods_worker_ids_at_the_router(router: Router, url: str) -> None:
+async def test_scale_down_drains_the_pods_worker_ids_at_the_router(router: Router,
+                                                                   url: str) -> None:
     pool_body = {"metadata": {"namespace": "llm", "name": "qwen-decode"},
                  "spec": {"routerUrl": url, "drainTimeoutSeconds": 30}}
     async with aiohttp.ClientSession() as session:
-        victims = await drain(PodKube(["qwen-decode-a", "qwen-decode-b"]), session, pool_body, {}, 1,
-                              "/admin/drain")
+        victims = await drain(PodKube(["qwen-decode-a", "qwen-decode-b"]), session, pool_body, {},
+                              1, "/admin/drain")
     assert victims == ["qwen-decode-b"]  # the youngest
     workers = {w.worker_id: w for w in router._workers.values()}
     assert workers["qwen-decode-b"].draining and not workers["qwen-decode-a"].draining
@@ -95,6 +103,7 @@ def test_drain_answers_unknown_ids_and_refuses_bad_bodies(url: str) -> None:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    assert post(json.dumps({"worker_ids": ["gone"]}).encode()) == (200, {"unknown_worker_ids": ["gone"]})
+    assert post(json.dumps({"worker_ids": ["gone"]}).encode()) == (200,
+                                                                   {"unknown_worker_ids": ["gone"]})
     assert post(b'{"pods": ["x"]}')[0] == 400
     assert post(b"not json")[0] == 400

@@ -1,5 +1,6 @@
-"""Invalid BatonDeployments: the CRD's own openAPIV3Schema refuses the structural ones (checked with a JSON-schema
-validator), and the CEL rules in that schema, evaluated by the operator, catch the rest."""
+"""Invalid BatonDeployments: the CRD's own openAPIV3Schema refuses the structural ones (checked with
+a JSON-schema validator), and the CEL rules in that schema, evaluated by the operator, catch the
+rest."""
 from __future__ import annotations
 
 import copy
@@ -13,9 +14,13 @@ from baton.operators import resources as r
 from baton.operators.spec import defaulted, problems
 
 VALID: dict[str, Any] = {
-    "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND, "metadata": {"name": "m"},
-    "spec": {"model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "baton/worker:1"},
-             "pools": {"prefill": {"minReplicas": 1, "maxReplicas": 4}, "decode": {"minReplicas": 1}}},
+    "apiVersion": r.API_VERSION,
+    "kind": r.DEPLOYMENT_KIND,
+    "metadata": {"name": "m"},
+    "spec": {
+        "model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "baton/worker:1"},
+        "pools": {"prefill": {"minReplicas": 1, "maxReplicas": 4}, "decode": {"minReplicas": 1}}
+    },
 }
 
 
@@ -28,27 +33,32 @@ def edit(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
 SCHEMA_CASES = {
     "no model": edit(lambda s: s.pop("model")),
     "two model sources": edit(lambda s: s["model"].update(pvc={"claimName": "weights"})),
-    "model from an object store (no downloader)": edit(lambda s: s.update(model={"uri": "s3://bucket/model"})),
+    "model from an object store (no downloader)":
+        edit(lambda s: s.update(model={"uri": "s3://bucket/model"})),
     "pvc without claim name": edit(lambda s: s.update(model={"pvc": {"path": "/m"}})),
     "no worker image": edit(lambda s: s["image"].pop("worker")),
     "decode without prefill and no mixed": edit(lambda s: s["pools"].pop("prefill")),
     "negative min replicas": edit(lambda s: s["pools"]["prefill"].update(minReplicas=-1)),
     "too many GPUs": edit(lambda s: s["pools"]["decode"].update(gpus=64)),
     "replicas as a string": edit(lambda s: s["pools"]["decode"].update(maxReplicas="four")),
-    "unknown autoscaling mode": edit(lambda s: s["pools"]["decode"].update(autoscaling={"mode": "turbo"})),
-    "KV high mark above 100%": edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheHighPercent": 120})),
+    "unknown autoscaling mode":
+        edit(lambda s: s["pools"]["decode"].update(autoscaling={"mode": "turbo"})),
+    "KV high mark above 100%":
+        edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheHighPercent": 120})),
     "SLO without TPOT": edit(lambda s: s.update(slos=[{"priority": 0, "ttftMillis": 100}])),
     "SLO priority not a number (the gateway's priorities are integers)": edit(
         lambda s: s.update(slos=[{"priority": "interactive", "ttftMillis": 1, "tpotMillis": 1}])),
     "unknown router policy": edit(lambda s: s.update(router={"policy": "round-robin"})),
     "unknown KV transport": edit(lambda s: s["pools"]["decode"].update(kvTransport="tcp")),
-    "API key secret without a name": edit(lambda s: s.update(gateway={"apiKeysSecretRef": {"key": "k"}})),
+    "API key secret without a name":
+        edit(lambda s: s.update(gateway={"apiKeysSecretRef": {"key": "k"}})),
     "gateway port below 1024": edit(lambda s: s.update(gateway={"port": 80})),
-    "toleration with a bad operator": edit(lambda s: s["pools"]["decode"].update(
-        tolerations=[{"key": "gpu", "operator": "Matches"}])),
+    "toleration with a bad operator": edit(
+        lambda s: s["pools"]["decode"].update(tolerations=[{"key": "gpu", "operator": "Matches"}])),
 }
 
-# Valid for the structural schema; refused by a CEL rule (or list-map key) that the operator evaluates itself.
+# Valid for the structural schema; refused by a CEL rule (or list-map key) that the operator
+# evaluates itself.
 RULE_CASES = {
     "min above max": (edit(lambda s: s["pools"]["prefill"].update(minReplicas=5, maxReplicas=2)),
                       "minReplicas must not exceed maxReplicas"),
@@ -56,17 +66,21 @@ RULE_CASES = {
                                        "minReplicas may be 0 only with autoscaling.scaleToZero"),
     "initial replicas above max": (edit(lambda s: s["pools"]["prefill"].update(replicas=9)),
                                    "replicas must lie within minReplicas..maxReplicas"),
-    "KV low above high": (edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheLowPercent": 90})),
-                          "kvCacheLowPercent must be below kvCacheHighPercent"),
-    "engine arg with dashes": (edit(lambda s: s["pools"]["decode"].update(engineArgs={"--max-num-seqs": "8"})),
-                               "engineArgs keys must be kebab-case"),
-    "engine arg the operator owns": (edit(lambda s: s["pools"]["decode"].update(engineArgs={"model": "x"})),
-                                     "engineArgs must not set flags the operator owns"),
-    "engine arg the operator owns (the pod's identity)": (
-        edit(lambda s: s["pools"]["decode"].update(engineArgs={"worker-id": "x"})),
-        "engineArgs must not set flags the operator owns"),
-    "duplicate SLO priority": (edit(lambda s: s.update(slos=[{"priority": 1, "ttftMillis": 1, "tpotMillis": 1}] * 2)),
-                               "duplicate entries for priority = 1"),
+    "KV low above high":
+        (edit(lambda s: s["pools"]["decode"].update(autoscaling={"kvCacheLowPercent": 90})),
+         "kvCacheLowPercent must be below kvCacheHighPercent"),
+    "engine arg with dashes":
+        (edit(lambda s: s["pools"]["decode"].update(engineArgs={"--max-num-seqs": "8"})),
+         "engineArgs keys must be kebab-case"),
+    "engine arg the operator owns":
+        (edit(lambda s: s["pools"]["decode"].update(engineArgs={"model": "x"})),
+         "engineArgs must not set flags the operator owns"),
+    "engine arg the operator owns (the pod's identity)":
+        (edit(lambda s: s["pools"]["decode"].update(engineArgs={"worker-id": "x"})),
+         "engineArgs must not set flags the operator owns"),
+    "duplicate SLO priority":
+        (edit(lambda s: s.update(slos=[{"priority": 1, "ttftMillis": 1, "tpotMillis": 1}] * 2)),
+         "duplicate entries for priority = 1"),
 }
 
 

@@ -1,4 +1,5 @@
-"""KVLayout and its wire message carry the same fields, and a KV handle's layout survives the trip."""
+"""KVLayout and its wire message carry the same fields, and a KV handle's layout survives the
+trip."""
 from dataclasses import fields
 
 from baton.services.worker.kv_transfer.base import KVLayout, layout_from_proto, layout_to_proto

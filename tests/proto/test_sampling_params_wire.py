@@ -1,4 +1,5 @@
-"""SamplingParams and its wire message carry the same fields, and the mapping between them loses nothing."""
+"""SamplingParams and its wire message carry the same fields, and the mapping between them loses
+nothing."""
 from dataclasses import fields
 
 from baton.services.common.convert import params_from_proto, params_to_proto
@@ -17,17 +18,19 @@ def test_dataclass_and_message_declare_the_same_fields() -> None:
 
 def _fully_populated() -> SamplingParams:
     """Every field away from its default (and non-zero), so a field the mapping drops shows up."""
-    return SamplingParams(
-        max_tokens=33, temperature=0.5, top_p=0.75, top_k=7, min_p=0.125, seed=42, repetition_penalty=1.25,
-        frequency_penalty=-0.5, presence_penalty=0.25, stop=["a", "bc"], stop_token_ids=[3, 9],
-        include_stop_str_in_output=True, ignore_eos=True, min_tokens=2, logprobs=3, skip_special_tokens=False,
-        structured_output=StructuredOutput("regex", "[0-9]+"), logit_bias={5: -1.5, 8: 2.0},
-        prompt_logprobs=1)
+    return SamplingParams(max_tokens=33, temperature=0.5, top_p=0.75, top_k=7, min_p=0.125, seed=42,
+                          repetition_penalty=1.25, frequency_penalty=-0.5, presence_penalty=0.25,
+                          stop=["a", "bc"], stop_token_ids=[3, 9], include_stop_str_in_output=True,
+                          ignore_eos=True, min_tokens=2, logprobs=3, skip_special_tokens=False,
+                          structured_output=StructuredOutput("regex", "[0-9]+"),
+                          logit_bias={5: -1.5, 8: 2.0}, prompt_logprobs=1)
 
 
 def test_every_field_differs_from_its_default() -> None:
     full, default = _fully_populated(), SamplingParams()
-    assert [f.name for f in fields(SamplingParams) if getattr(full, f.name) == getattr(default, f.name)] == []
+    assert [
+        f.name for f in fields(SamplingParams) if getattr(full, f.name) == getattr(default, f.name)
+    ] == []
 
 
 def test_round_trip_of_a_fully_populated_params_is_identity() -> None:

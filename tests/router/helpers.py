@@ -1,4 +1,5 @@
-"""Shared builders for the router tests: a settable clock and worker stats as the workers send them."""
+"""Shared builders for the router tests: a settable clock and worker stats as the workers send
+them."""
 from __future__ import annotations
 
 from baton.services.common.roles import Role
@@ -21,15 +22,17 @@ class Clock:
         self.now += seconds
 
 
-def stats(worker_id: str, at: float, *, queued: int = 0, running: int = 0, waiting: int = 0, kv_used: int = 0,
-          kv_total: int = 1000, draining: bool = False, role: int = worker_pb2.ROLE_DECODE) -> worker_pb2.WorkerStats:
+def stats(worker_id: str, at: float, *, queued: int = 0, running: int = 0, waiting: int = 0,
+          kv_used: int = 0, kv_total: int = 1000, draining: bool = False,
+          role: int = worker_pb2.ROLE_DECODE) -> worker_pb2.WorkerStats:
     return worker_pb2.WorkerStats(worker_id=worker_id, role=role, timestamp_unix_ms=int(at * 1000),
                                   num_running=running, num_waiting=waiting, kv_blocks_used=kv_used,
-                                  kv_blocks_total=kv_total, prefill_tokens_queued=queued, draining=draining,
-                                  block_size=16, model="m")
+                                  kv_blocks_total=kv_total, prefill_tokens_queued=queued,
+                                  draining=draining, block_size=16, model="m")
 
 
-def worker(worker_id: str, role: Role = Role.DECODE, at: float | None = None, **load: int) -> WorkerState:
+def worker(worker_id: str, role: Role = Role.DECODE, at: float | None = None,
+           **load: int) -> WorkerState:
     """A registered worker; with `at`, it has reported stats taken at that time."""
     w = WorkerState(worker_id, f"{worker_id}:50051", role, CircuitBreaker(3, 10.0))
     if at is not None:

@@ -23,8 +23,8 @@ def drain(queue: AdmissionQueue, charge: bool = False) -> list[str]:
 
 def test_queue_orders_by_priority_then_deadline():
     q = AdmissionQueue(10, 60.0, FairShare())
-    for rid, prio, deadline in [("low", -1, 1.0), ("late", 0, 9.0), ("none", 0, INF), ("soon", 0, 2.0),
-                                ("high", 5, 50.0)]:
+    for rid, prio, deadline in [("low", -1, 1.0), ("late", 0, 9.0), ("none", 0, INF),
+                                ("soon", 0, 2.0), ("high", 5, 50.0)]:
         q.push(q.make(rid, "t", prio, 100, 0.0, deadline))
     assert drain(q) == ["high", "soon", "late", "none", "low"]
 
@@ -36,7 +36,8 @@ def test_fairness_is_counted_in_tokens_not_requests():
     for i in range(8):
         q.push(q.make(f"small{i}", "small", 0, 1000, 0.0))
     order = drain(q, charge=True)
-    # Per request the tenants would alternate; per token, "small" gets four requests for each of "big"'s.
+    # Per request the tenants would alternate; per token, "small" gets four requests for each of
+    # "big"'s.
     assert order[:6] == ["big0", "small0", "small1", "small2", "small3", "big1"]
 
 
@@ -65,7 +66,8 @@ def test_full_queue_displaces_only_for_higher_priority():
     assert q.push(q.make("b", "t", 0, 1, 0.0, 9.0)) == (True, None)
     assert q.push(q.make("c", "t", 0, 1, 0.0, 1.0)) == (False, None)  # same priority: refused
     accepted, displaced = q.push(q.make("d", "t", 1, 1, 0.0, 7.0))
-    assert accepted and displaced.request_id == "b"  # the least urgent: lowest priority, latest deadline
+    # the least urgent: lowest priority, latest deadline
+    assert accepted and displaced.request_id == "b"
     assert drain(q) == ["d", "a"]
 
 
@@ -89,7 +91,8 @@ def test_tokens_ahead_counts_equal_or_higher_priority():
 
 def _admission() -> tuple[Admission, CollectorRegistry]:
     registry = CollectorRegistry()
-    return Admission(AdmissionQueue(10, 30.0, FairShare()), RetryPolicy(0.1, 30.0), RouterMetrics(registry)), registry
+    return Admission(AdmissionQueue(10, 30.0, FairShare()), RetryPolicy(0.1, 30.0),
+                     RouterMetrics(registry)), registry
 
 
 @pytest.mark.parametrize("predicted, slo, retry_after", [
@@ -106,7 +109,8 @@ def test_ttft_slo_refusal_with_retry_after(predicted, slo, retry_after):
     if retry_after is None:
         assert refusal is None
     else:
-        assert refusal.reason is RejectReason.TTFT_SLO and refusal.retry_after_s == pytest.approx(retry_after)
+        assert refusal.reason is RejectReason.TTFT_SLO and refusal.retry_after_s == pytest.approx(
+            retry_after)
         assert refusal.reason.grpc_status == "RESOURCE_EXHAUSTED"
     count = registry.get_sample_value("baton_router_rejections_total", {"reason": "ttft_slo"})
     assert count == (0 if retry_after is None else 1)
@@ -115,14 +119,16 @@ def test_ttft_slo_refusal_with_retry_after(predicted, slo, retry_after):
 def test_every_reason_is_exported_from_the_start():
     _, registry = _admission()
     for reason in RejectReason:
-        assert registry.get_sample_value("baton_router_rejections_total", {"reason": reason.value}) == 0
+        assert registry.get_sample_value("baton_router_rejections_total",
+                                         {"reason": reason.value}) == 0
     assert RejectReason.NO_WORKERS.grpc_status == "UNAVAILABLE"
 
 
 def test_ttft_predictor_learns_rate_with_ewma():
     p = TTFTPredictor(initial_tokens_per_s=1000.0, alpha=0.5, overhead_s=0.1)
     assert p.predict("w", queued_tokens=400, uncached_tokens=600) == pytest.approx(1.1)
-    p.observe("w", queued_tokens=1000, uncached_tokens=1000, observed_ttft_s=0.6)  # 2000 tok / 0.5 s = 4000/s
+    # 2000 tok / 0.5 s = 4000/s
+    p.observe("w", queued_tokens=1000, uncached_tokens=1000, observed_ttft_s=0.6)
     assert p.tokens_per_s("w") == pytest.approx(2500.0)
     p.observe("w", 0, 0, 1.0)  # no work: says nothing about the rate
     p.observe("w", 100, 0, 0.05)  # faster than the overhead: also nothing
@@ -135,7 +141,8 @@ def test_a_workers_own_measured_rate_wins_over_what_releases_taught():
     p.observe("w", queued_tokens=0, uncached_tokens=4000, observed_ttft_s=1.0)  # EWMA: 6000/s
     p.measured("w", 0.0)  # the worker has computed no prompt yet: nothing to go on
     assert p.tokens_per_s("w") == pytest.approx(6000.0)
-    p.measured("w", 500.0)  # a slow CPU worker, which a few releases at 8000/s initial would take long to learn
+    # a slow CPU worker, which a few releases at 8000/s initial would take long to learn
+    p.measured("w", 500.0)
     assert p.predict("w", queued_tokens=2000, uncached_tokens=500) == pytest.approx(5.0)
     p.forget("w")
     assert p.tokens_per_s("w") == pytest.approx(8000.0)

@@ -1,7 +1,7 @@
-"""Two router replicas over idle workers (issue 15): a burst of 200 placements sharing one cache-warm prefix, split
-between the replicas, while the workers' reports lag the placements by the time the gateway's calls take to reach
-them. Each replica counts only its own placements plus the reports; the bound is the router issue's, 75 of 200 on
-4 workers (1.5 x the mean)."""
+"""Two router replicas over idle workers (issue 15): a burst of 200 placements sharing one
+cache-warm prefix, split between the replicas, while the workers' reports lag the placements by the
+time the gateway's calls take to reach them. Each replica counts only its own placements plus the
+reports; the bound is the router issue's, 75 of 200 on 4 workers (1.5 x the mean)."""
 from __future__ import annotations
 
 import random
@@ -38,7 +38,9 @@ def _burst(replicas: list[Router], clock: Clock, seed: int) -> Counter:
             arrived = Counter(w for at, w in placed if at <= clock() - REACH_LAG_S)
             for router in replicas:
                 for w in WORKERS:
-                    router.on_stats(stats(w, clock(), running=arrived[w], kv_used=20 * arrived[w], kv_total=4096))
+                    router.on_stats(
+                        stats(w, clock(), running=arrived[w], kv_used=20 * arrived[w],
+                              kv_total=4096))
             next_report += REPORT_EVERY_S
         prompt = prefix + [rng.randrange(10, 500) for _ in range(32)]
         p = replicas[i % 2].place(PlaceRequest(f"r{i}", prompt, max_tokens=256))
@@ -55,8 +57,8 @@ def test_two_replicas_from_a_cold_start_do_not_herd():
 
 @pytest.mark.parametrize("overrides", [dict(reservation_grace_s=0.0, seed=0)])
 def test_without_the_grace_and_with_one_seed_they_herd(overrides):
-    """The same burst with what the router did before: reservations dropped at the next report, one tie-break
-    seed for both. This is what the test above guards against."""
+    """The same burst with what the router did before: reservations dropped at the next report, one
+    tie-break seed for both. This is what the test above guards against."""
     clock = Clock()
     counts = _burst([make_router(clock, **overrides)[0] for _ in range(2)], clock, seed=3)
     assert max(counts.values()) > BOUND, dict(counts)

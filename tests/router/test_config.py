@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from baton.services.common.settings import add_settings_arguments, settings_from_args
-from baton.services.router.config import ConfigWatcher, PluginSettings, RouterConfig, load_plugin_settings
+from baton.services.router.config import (ConfigWatcher, PluginSettings, RouterConfig,
+                                          load_plugin_settings)
 
 
 def test_every_field_is_documented_and_a_flag(monkeypatch):

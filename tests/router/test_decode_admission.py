@@ -1,6 +1,6 @@
-"""Decode-side admission: the TPOT a request would see with one more row in a decode worker's batch, predicted
-from the worker's reported step-time fit; the decode worker's join wait in the TTFT prediction; queued deadlines
-that keep the admission headroom."""
+"""Decode-side admission: the TPOT a request would see with one more row in a decode worker's batch,
+predicted from the worker's reported step-time fit; the decode worker's join wait in the TTFT
+prediction; queued deadlines that keep the admission headroom."""
 from __future__ import annotations
 
 import pytest
@@ -14,8 +14,8 @@ from .test_router import PROMPT, add, make_router
 SHORT = PROMPT[:64]
 
 
-def decode_stats(worker_id: str, at: float, rows: int, base_ms: float = 10.0, per_seq_ms: float = 1.0,
-                 per_ktoken_ms: float = 0.0, waiting: int = 0):
+def decode_stats(worker_id: str, at: float, rows: int, base_ms: float = 10.0,
+                 per_seq_ms: float = 1.0, per_ktoken_ms: float = 0.0, waiting: int = 0):
     s = stats(worker_id, at, running=rows, waiting=waiting, kv_total=100_000)
     s.decode_step_ms_base, s.decode_step_ms_per_sequence = base_ms, per_seq_ms
     s.decode_step_ms_per_ktoken, s.decode_step_samples = per_ktoken_ms, 32
@@ -31,14 +31,19 @@ def test_decode_worker_whose_batch_would_miss_the_tpot_slo_is_passed_over_then_r
     router.on_stats(decode_stats("d1", clock(), rows=20))  # 31 ms
     # 80% of 50.5 ms is 40.4 ms: only d1 fits, whatever the scores say.
     for i in range(5):
-        assert router.place(PlaceRequest(f"a{i}", SHORT, max_tokens=16, tpot_slo_s=0.0505)).decode_worker_id == "d1"
-    # d1 now counts its 5 unseen rows: the next five take it to 36..40 ms, the five after would see 41..45 ms and
-    # are refused at once.
-    outcomes = [router.place(PlaceRequest(f"b{i}", SHORT, max_tokens=16, tpot_slo_s=0.0505)) for i in range(10)]
+        assert router.place(PlaceRequest(f"a{i}", SHORT, max_tokens=16,
+                                         tpot_slo_s=0.0505)).decode_worker_id == "d1"
+    # d1 now counts its 5 unseen rows: the next five take it to 36..40 ms, the five after would see
+    # 41..45 ms and are refused at once.
+    outcomes = [
+        router.place(PlaceRequest(f"b{i}", SHORT, max_tokens=16, tpot_slo_s=0.0505))
+        for i in range(10)
+    ]
     assert all(isinstance(o, Placement) and o.decode_worker_id == "d1" for o in outcomes[:5])
     refused = outcomes[5:]
     assert [o.reason for o in refused] == [RejectReason.TPOT_SLO] * 5
-    assert "71.0ms" not in refused[0].message and "41.0ms" in refused[0].message  # the best worker's prediction
+    # the best worker's prediction
+    assert "71.0ms" not in refused[0].message and "41.0ms" in refused[0].message
     assert refused[0].retry_after_s == pytest.approx(0.041 * 16)
     assert registry.get_sample_value("baton_router_rejections_total", {"reason": "tpot_slo"}) == 5
     # Without a TPOT SLO the decode batch is no bar.
@@ -49,13 +54,17 @@ def test_decode_worker_whose_batch_would_miss_the_tpot_slo_is_passed_over_then_r
 def test_lower_priorities_stop_joining_a_decode_batch_sooner(rows, admitted):
     router, clock, _, _ = make_router()
     add(router, clock, "d0")
-    router.on_stats(decode_stats("d0", clock(), rows=rows))  # 10 + (rows + 1) * 1 ms with one more row
-    # Within 60% (sheddable), 80% (standard) or 90% (critical) of a 50 ms SLO: 30, 40 or 45 ms; each placement
-    # adds a row the next request sees.
-    outcomes = {p: router.place(PlaceRequest(f"p{p}", SHORT, max_tokens=16, tpot_slo_s=0.05, priority=p))
-                for p in (1, 0, -1)}
+    # 10 + (rows + 1) * 1 ms with one more row
+    router.on_stats(decode_stats("d0", clock(), rows=rows))
+    # Within 60% (sheddable), 80% (standard) or 90% (critical) of a 50 ms SLO: 30, 40 or 45 ms; each
+    # placement adds a row the next request sees.
+    outcomes = {
+        p: router.place(PlaceRequest(f"p{p}", SHORT, max_tokens=16, tpot_slo_s=0.05, priority=p))
+        for p in (1, 0, -1)
+    }
     assert {p for p, o in outcomes.items() if isinstance(o, Placement)} == admitted
-    assert outcomes[-1].reason is RejectReason.TPOT_SLO and "less 40% headroom" in outcomes[-1].message
+    assert outcomes[-1].reason is RejectReason.TPOT_SLO and "less 40% headroom" in outcomes[
+        -1].message
 
 
 def test_default_tpot_slo_and_workers_without_a_fit():
@@ -73,7 +82,8 @@ def test_ttft_prediction_counts_the_decode_join_wait():
     assert plain == pytest.approx(0.0064)
     router.on_stats(decode_stats("d0", clock() + 1, rows=40, waiting=2))  # 10 + 41 = 51 ms a step
     joined = router.place(PlaceRequest("b", PROMPT[100:164])).predicted_ttft_s  # not cached by "a"
-    assert joined == pytest.approx(0.0064 + 0.051 * 3, rel=0.02)  # the step in progress and two waiting ahead
+    # the step in progress and two waiting ahead
+    assert joined == pytest.approx(0.0064 + 0.051 * 3, rel=0.02)
 
 
 def test_queued_deadline_keeps_the_admission_headroom():
@@ -92,7 +102,8 @@ def test_queued_deadline_keeps_the_admission_headroom():
 def test_queued_request_refused_at_once_when_the_decode_pool_cannot_meet_its_tpot():
     router, clock, outcomes, _ = make_router(saturation_queued_prefill_tokens=4096)
     add(router, clock, "d0", queued=5000)
-    assert isinstance(router.place(PlaceRequest("r", SHORT, ttft_slo_s=5.0, tpot_slo_s=0.05)), Queued)
+    assert isinstance(router.place(PlaceRequest("r", SHORT, ttft_slo_s=5.0, tpot_slo_s=0.05)),
+                      Queued)
     clock.advance(0.1)
     router.on_stats(decode_stats("d0", clock(), rows=100))  # room for prompts, but 111 ms a step
     assert [(o.request_id, o.reason) for o in outcomes] == [("r", RejectReason.TPOT_SLO)]
@@ -102,6 +113,9 @@ def test_place_request_carries_the_tpot_slo_from_the_proto():
     from baton.services.router.servicer import place_request_from_proto
     from baton.v1 import router_pb2
 
-    message = router_pb2.PlaceRequest(request_id="r", prompt_token_ids=[1, 2, 3], ttft_slo_ms=2000, tpot_slo_ms=80)
+    message = router_pb2.PlaceRequest(request_id="r", prompt_token_ids=[1, 2, 3], ttft_slo_ms=2000,
+                                      tpot_slo_ms=80)
     assert place_request_from_proto(message).tpot_slo_s == pytest.approx(0.08)
-    assert place_request_from_proto(router_pb2.PlaceRequest(request_id="r", prompt_token_ids=[1])).tpot_slo_s is None
+    assert place_request_from_proto(router_pb2.PlaceRequest(request_id="r",
+                                                            prompt_token_ids=[1
+                                                                              ])).tpot_slo_s is None

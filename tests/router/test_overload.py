@@ -17,8 +17,8 @@ def engine_config() -> EngineConfig:
 
 
 def _run(engine_config: EngineConfig, load: float, admission: bool) -> dict:
-    return run_case(OverloadCase(load, admission), engine_config, workers=2, prompt_len=1024, max_tokens=16,
-                    seconds=3.0, slo_s=SLO_S, seed=1)
+    return run_case(OverloadCase(load, admission), engine_config, workers=2, prompt_len=1024,
+                    max_tokens=16, seconds=3.0, slo_s=SLO_S, seed=1)
 
 
 def test_admission_holds_goodput_at_three_times_capacity(engine_config):

@@ -47,8 +47,11 @@ def test_load_scorers(scorer, load, expected):
     assert scorer.score(req(), worker("w", at=NOW, **load)) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("scorer", [KVUtilizationScorer(1.0, 2.0), QueuedPrefillTokensScorer(1.0, 2.0, 8000),
-                                    InFlightRequestsScorer(1.0, 2.0, 40)])
+@pytest.mark.parametrize("scorer", [
+    KVUtilizationScorer(1.0, 2.0),
+    QueuedPrefillTokensScorer(1.0, 2.0, 8000),
+    InFlightRequestsScorer(1.0, 2.0, 40)
+])
 def test_load_scorers_give_stale_workers_nothing(scorer):
     assert scorer.score(req(), worker("w", at=NOW - 3)) == 0.0  # idle, but three seconds ago
     assert scorer.score(req(), worker("w")) == 0.0  # never reported
@@ -95,8 +98,9 @@ def test_sticky_until_saturated_then_spread_by_load():
         picks.append((pick.worker.worker_id, pick.reason))
         # Charge a full prompt even for hits, standing in for the decode work each request brings.
         pick.worker.reserve(f"l{i}", NOW, 160, 0)
-    # The warm worker keeps the prefix until 7 x 160 queued tokens pass the 1000-token threshold; then the cold
-    # workers take turns by load, and the warm one gets nothing more although its cache would still score best.
+    # The warm worker keeps the prefix until 7 x 160 queued tokens pass the 1000-token threshold;
+    # then the cold workers take turns by load, and the warm one gets nothing more although its
+    # cache would still score best.
     assert picks[:7] == [("warm", "prefix_affinity")] * 7
     assert all(reason == "load" for _, reason in picks[7:])
     cold_counts = Counter(w for w, _ in picks[7:])
@@ -111,9 +115,11 @@ def test_cache_hits_lose_affinity_by_request_count():
     picker = make_picker(sticky_requests=5)
     r = req(160, warm=10)
     first = picker.pick(r, [warm, cold])
-    first.worker.reserve("l0", NOW, 0, 0)  # a full hit queues no prefill tokens, but it is a fifth request
+    # a full hit queues no prefill tokens, but it is a fifth request
+    first.worker.reserve("l0", NOW, 0, 0)
     second = picker.pick(r, [warm, cold])
-    assert (first.worker.worker_id, second.worker.worker_id, second.reason) == ("warm", "cold", "load")
+    assert (first.worker.worker_id, second.worker.worker_id, second.reason) == ("warm", "cold",
+                                                                                "load")
 
 
 def test_next_warmest_worker_takes_over_before_load_spreading():
@@ -125,7 +131,8 @@ def test_next_warmest_worker_takes_over_before_load_spreading():
 
 
 @pytest.mark.parametrize("cached, expected", [
-    ({"warm": 1}, ("cold", "load")),  # a 10% shared prefix (say a system prompt) is no reason to stick
+    # a 10% shared prefix (say a system prompt) is no reason to stick
+    ({"warm": 1}, ("cold", "load")),
     ({"warm": 3}, ("warm", "prefix_affinity")),
 ])
 def test_affinity_needs_a_meaningful_prefix(cached, expected):
@@ -166,6 +173,7 @@ def test_same_seed_same_choices():
 def test_tie_tolerance_widens_the_draw():
     a, b = worker("a", at=NOW, queued=100), worker("b", at=NOW)  # b scores higher by 0.005
     strict = Counter(make_picker(seed=s).pick(req(), [a, b]).worker.worker_id for s in range(50))
-    loose = Counter(make_picker(seed=s, tolerance=0.01).pick(req(), [a, b]).worker.worker_id for s in range(50))
+    loose = Counter(
+        make_picker(seed=s, tolerance=0.01).pick(req(), [a, b]).worker.worker_id for s in range(50))
     assert strict == {"b": 50}
     assert set(loose) == {"a", "b"}

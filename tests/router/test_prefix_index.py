@@ -32,8 +32,10 @@ def test_event_kinds_match_the_worker_contract():
     ([ev(1, STORED, 1, 2, 3), ev(2, REMOVED, 2)], {"w": 1}),
     ([ev(1, STORED, 1, 2, 3), ev(2, REMOVED, 1)], {}),
     ([ev(1, STORED, 1, 2, 3), ev(2, CLEARED)], {}),
-    ([ev(2, REMOVED, 3), ev(1, STORED, 1, 2, 3)], {"w": 2}),  # applied in sequence order, not arrival order
-    ([ev(1, STORED, 1), ev(1, STORED, 1), ev(2, STORED, 2)], {"w": 2}),  # a replayed event is skipped
+    # applied in sequence order, not arrival order
+    ([ev(2, REMOVED, 3), ev(1, STORED, 1, 2, 3)], {"w": 2}),
+    # a replayed event is skipped
+    ([ev(1, STORED, 1), ev(1, STORED, 1), ev(2, STORED, 2)], {"w": 2}),
 ])
 def test_events_fold_into_leading_matches(events, expected):
     index, _ = make()
@@ -45,7 +47,8 @@ def test_match_counts_leading_blocks_per_worker():
     index, _ = make()
     index.apply_events("a", [ev(1, STORED, 1, 2, 3, 4)])
     index.apply_events("b", [ev(1, STORED, 1, 2, 9)])
-    index.apply_events("c", [ev(1, STORED, 2, 3, 4)])  # holds later blocks but not the first: no prefix
+    # holds later blocks but not the first: no prefix
+    index.apply_events("c", [ev(1, STORED, 2, 3, 4)])
     assert index.match_lengths([1, 2, 3, 4]) == {"a": 4, "b": 2}
     assert index.match_lengths([7, 1]) == {}
     assert index.match_lengths([]) == {}
@@ -65,7 +68,8 @@ def test_gap_needs_resync_and_snapshot_replaces_entries(batch, gap_flag):
     index.apply_snapshot("w", 20, [1, 2, 7])
     assert not index.needs_resync("w") and index.last_sequence("w") == 20
     assert index.match_lengths([1, 2, 7]) == {"w": 3}
-    assert index.apply_events("w", [ev(20, REMOVED, 1), ev(21, REMOVED, 7)])  # 20 was in the snapshot already
+    # 20 was in the snapshot already
+    assert index.apply_events("w", [ev(20, REMOVED, 1), ev(21, REMOVED, 7)])
     assert index.match_lengths([1, 2, 7]) == {"w": 2}
 
 
@@ -138,7 +142,8 @@ def test_placements_on_live_workers_are_replayed_when_their_events_stop():
     index.record_placement("w", [5, 6])
     assert index.match_lengths([5, 6]) == {}  # events are live: placements are not believed
     index.set_events_available("w", False)
-    # As if recorded all along: bounded to the 3 most recently routed blocks, the event-fed block no longer used.
+    # As if recorded all along: bounded to the 3 most recently routed blocks, the event-fed block no
+    # longer used.
     assert index.match_lengths([4, 5, 6]) == {"w": 3}
     assert index.match_lengths([3]) == {} and index.match_lengths([9]) == {}
     clock.advance(59.5)  # [4] was routed 60.5 s ago, [5, 6] 59.5 s ago
@@ -166,7 +171,8 @@ def test_entries_of_a_worker_back_on_events_return_when_they_stop_again():
 
 
 def test_holder_sets_are_invisible_to_the_garbage_collector():
-    # Millions of per-hash containers made every full collection walk them (pauses of hundreds of ms).
+    # Millions of per-hash containers made every full collection walk them (pauses of hundreds of
+    # ms).
     index, _ = make()
     index.apply_events("w", [ev(1, STORED, *range(1, 1000))])
     index.set_events_available("v", False)

@@ -18,9 +18,11 @@ from .helpers import Clock, stats
 PROMPT = list(range(1, 2049))  # 128 blocks of 16
 
 
-def make_router(clock: Clock | None = None, **overrides) -> tuple[Router, Clock, list, CollectorRegistry]:
+def make_router(clock: Clock | None = None,
+                **overrides) -> tuple[Router, Clock, list, CollectorRegistry]:
     clock, outcomes, registry = clock or Clock(), [], CollectorRegistry()
-    settings = dict(model="m", block_size=16, initial_prefill_tokens_per_s=10_000.0, ttft_overhead_s=0.0)
+    settings = dict(model="m", block_size=16, initial_prefill_tokens_per_s=10_000.0,
+                    ttft_overhead_s=0.0)
     settings.update(overrides)
     router = Router(RouterConfig(**settings), registry, clock, outcomes.append)
     return router, clock, outcomes, registry
@@ -44,8 +46,10 @@ def test_placement_follows_the_cache_and_releases_its_reservation():
     stored(router, "d1", PROMPT[:1024], salt="acme")
     placement = router.place(PlaceRequest("r1", PROMPT, tenant="acme", cache_salt="acme"))
     assert isinstance(placement, Placement)
-    assert (placement.decode_worker_id, placement.reason, placement.cached_tokens) == ("d1", "prefix_affinity", 1024)
-    assert placement.prefill_worker_id is None and placement.disagg_reason is DisaggReason.NO_PREFILL_WORKER
+    assert (placement.decode_worker_id, placement.reason,
+            placement.cached_tokens) == ("d1", "prefix_affinity", 1024)
+    assert (placement.prefill_worker_id is None and
+            placement.disagg_reason is DisaggReason.NO_PREFILL_WORKER)
     assert placement.predicted_ttft_s == pytest.approx(1024 / 10_000)
     # Another tenant's salt gives other hashes: its identical prompt finds no cache anywhere.
     other = router.place(PlaceRequest("r2", PROMPT, tenant="zeta", cache_salt="zeta"))
@@ -53,7 +57,8 @@ def test_placement_follows_the_cache_and_releases_its_reservation():
     assert router.stats().pools[Role.DECODE].queued_prefill_tokens == 1024 + 2048
     router.release(placement.lease_id, observed_ttft_s=0.2, output_tokens=10)
     router.release(other.lease_id)
-    assert router.stats().pools[Role.DECODE].queued_prefill_tokens == 0 and router.stats().leases == 0
+    assert router.stats().pools[
+        Role.DECODE].queued_prefill_tokens == 0 and router.stats().leases == 0
     with pytest.raises(KeyError):
         router.release(placement.lease_id)
     assert registry.get_sample_value("baton_router_predicted_cached_tokens_total") == 1024
@@ -69,8 +74,8 @@ def test_remote_prefill_for_long_uncached_prompts_local_for_short():
     assert remote.disagg_reason is DisaggReason.LONG_PREFILL
     short = router.place(PlaceRequest("short", PROMPT[:256]))
     assert short.prefill_worker_id is None and short.disagg_reason is DisaggReason.SHORT_PREFILL
-    # The hand-off put the prompt's blocks on d0 too (approximately: no events from it yet), so the same prompt
-    # again is a cache hit there and prefills locally.
+    # The hand-off put the prompt's blocks on d0 too (approximately: no events from it yet), so the
+    # same prompt again is a cache hit there and prefills locally.
     again = router.place(PlaceRequest("again", PROMPT))
     assert again.prefill_worker_id is None and again.cached_tokens == 2048
 
@@ -78,8 +83,13 @@ def test_remote_prefill_for_long_uncached_prompts_local_for_short():
 def test_invalid_requests_raise_value_error():
     router, clock, _, _ = make_router()
     add(router, clock, "d0")
-    for bad in [PlaceRequest("", PROMPT), PlaceRequest("r", []), PlaceRequest("r", [1, -2]),
-                PlaceRequest("r", PROMPT, ttft_slo_s=0.0), PlaceRequest("r", PROMPT, max_tokens=-1)]:
+    for bad in [
+            PlaceRequest("", PROMPT),
+            PlaceRequest("r", []),
+            PlaceRequest("r", [1, -2]),
+            PlaceRequest("r", PROMPT, ttft_slo_s=0.0),
+            PlaceRequest("r", PROMPT, max_tokens=-1)
+    ]:
         with pytest.raises(ValueError):
             router.place(bad)
     with pytest.raises(ValueError):
@@ -113,7 +123,8 @@ def test_draining_worker_gets_nothing_new():
     add(router, clock, "d1")
     stored(router, "d0", PROMPT)
     assert router.drain(["d0", "ghost"]) == ["ghost"]
-    assert {router.place(PlaceRequest(f"r{i}", PROMPT)).decode_worker_id for i in range(20)} == {"d1"}
+    assert {router.place(PlaceRequest(f"r{i}", PROMPT)).decode_worker_id
+            for i in range(20)} == {"d1"}
 
 
 def test_failing_worker_is_circuit_broken_then_probed():
@@ -131,7 +142,8 @@ def test_failing_worker_is_circuit_broken_then_probed():
         router.on_stats(stats(w, clock()))
     probe = router.place(PlaceRequest("probe", PROMPT))
     assert probe.decode_worker_id == "d0"  # half-open: one request goes back to the warm worker
-    assert router.place(PlaceRequest("next", PROMPT)).decode_worker_id == "d1"  # the rest wait for its verdict
+    # the rest wait for its verdict
+    assert router.place(PlaceRequest("next", PROMPT)).decode_worker_id == "d1"
     router.release(probe.lease_id, observed_ttft_s=0.3)
     assert router.place(PlaceRequest("after", PROMPT)).decode_worker_id == "d0"
 
@@ -139,7 +151,8 @@ def test_failing_worker_is_circuit_broken_then_probed():
 def test_ttft_slo_refusal_at_the_router():
     router, clock, _, registry = make_router()
     add(router, clock, "d0", queued=8000)
-    refusal = router.place(PlaceRequest("r", PROMPT, ttft_slo_s=0.5))  # (8000 + 2048) / 10000 = 1.005 s
+    # (8000 + 2048) / 10000 = 1.005 s
+    refusal = router.place(PlaceRequest("r", PROMPT, ttft_slo_s=0.5))
     assert isinstance(refusal, Rejection) and refusal.reason is RejectReason.TTFT_SLO
     assert refusal.retry_after_s == pytest.approx(1.0048 - 0.5 * 0.8)  # the default 20% headroom
     # 1.1 s would fit the prediction but not the headroom; 1.3 s fits both.
@@ -160,11 +173,13 @@ def test_saturated_workers_queue_then_serve_by_priority():
     router.on_stats(stats("d0", clock(), queued=0))  # room again: the urgent request goes first
     served = [(o.request_id, type(o).__name__) for o in outcomes]
     assert served[0] == ("urgent", "Placement")
-    assert registry.get_sample_value("baton_router_queue_time_seconds_count", {"priority": "critical"}) == 1
+    assert registry.get_sample_value("baton_router_queue_time_seconds_count",
+                                     {"priority": "critical"}) == 1
 
 
 def test_queued_request_times_out_and_is_told_so():
-    router, clock, outcomes, _ = make_router(saturation_queued_prefill_tokens=4096, queue_max_age_s=2.0)
+    router, clock, outcomes, _ = make_router(saturation_queued_prefill_tokens=4096,
+                                             queue_max_age_s=2.0)
     add(router, clock, "d0", queued=5000)
     assert isinstance(router.place(PlaceRequest("r", PROMPT)), Queued)
     clock.advance(2.5)
@@ -189,7 +204,8 @@ def test_lease_of_a_vanished_gateway_expires():
     assert router.stats().leases == 1
     clock.advance(1.0)
     router.tick()
-    assert router.stats().leases == 0 and router.stats().pools[Role.DECODE].queued_prefill_tokens == 0
+    assert router.stats().leases == 0 and router.stats().pools[
+        Role.DECODE].queued_prefill_tokens == 0
     with pytest.raises(KeyError):
         router.release(lease)
 
@@ -210,7 +226,8 @@ def test_plugin_reload_changes_decisions():
     add(router, clock, "d1")
     stored(router, "d0", PROMPT)
     assert router.place(PlaceRequest("a", PROMPT)).reason == "prefix_affinity"
-    router.apply_plugin_settings(router.plugin_settings.model_copy(update={"sticky_queued_prefill_tokens": 0}))
+    router.apply_plugin_settings(
+        router.plugin_settings.model_copy(update={"sticky_queued_prefill_tokens": 0}))
     assert router.place(PlaceRequest("b", PROMPT)).reason == "load"
 
 
@@ -218,15 +235,18 @@ def test_worker_load_is_exported():
     router, clock, _, registry = make_router()
     add(router, clock, "d0", queued=300)
     clock.advance(1.5)
-    assert registry.get_sample_value("baton_router_worker_queued_prefill_tokens", {"worker": "d0"}) == 300
-    assert registry.get_sample_value("baton_router_worker_stats_age_seconds", {"worker": "d0"}) == 1.5
+    assert registry.get_sample_value("baton_router_worker_queued_prefill_tokens",
+                                     {"worker": "d0"}) == 300
+    assert registry.get_sample_value("baton_router_worker_stats_age_seconds",
+                                     {"worker": "d0"}) == 1.5
 
 
 HERD_SETTINGS: dict = {}
 
 
 def test_two_replicas_do_not_herd_a_shared_prefix_burst():
-    """Issue 4, done-when 4, at the core's level: two routers, one hot prefix, loaded workers, 200 requests."""
+    """Issue 4, done-when 4, at the core's level: two routers, one hot prefix, loaded workers, 200
+    requests."""
     workers = [f"d{i}" for i in range(8)]
     clock = Clock()
     # One shared clock, as if both ran on synchronised hosts.
@@ -238,14 +258,16 @@ def test_two_replicas_do_not_herd_a_shared_prefix_burst():
     placed = dict.fromkeys(workers, 0)
     queued = dict.fromkeys(workers, 3000)  # every worker already busy
     for i in range(200):
-        if i % 20 == 0:  # workers report every 20 requests: in between each replica counts only its own work
+        # workers report every 20 requests: in between each replica counts only its own work
+        if i % 20 == 0:
             clock.advance(0.01)
             for router in replicas:
                 for w in workers:
                     router.on_stats(stats(w, clock(), queued=queued[w], running=20 + placed[w],
                                           kv_used=16 * (20 + placed[w]), kv_total=2000))
             clock.advance(0.01)
-        p = replicas[i % 2].place(PlaceRequest(f"r{i}", PROMPT, max_tokens=256))  # 16 blocks of output each
+        # 16 blocks of output each
+        p = replicas[i % 2].place(PlaceRequest(f"r{i}", PROMPT, max_tokens=256))
         placed[p.decode_worker_id] += 1
         queued[p.decode_worker_id] += 2048 - p.cached_tokens
     load = [20 + placed[w] for w in workers]  # requests on each worker

@@ -1,5 +1,6 @@
-"""A worker started with --router registers itself, heartbeats, and receives placements; once it dies, the
-router drops it within its lease, and at once when it is stopped with SIGTERM (its stats stream reports it draining)."""
+"""A worker started with --router registers itself, heartbeats, and receives placements; once it
+dies, the router drops it within its lease, and at once when it is stopped with SIGTERM (its stats
+stream reports it draining)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,14 +26,16 @@ def _outcome(client: RouterClient) -> str | grpc.StatusCode:
 
 @contextlib.contextmanager
 def registered_worker(lease_ttl_s: float) -> Iterator[tuple[ServiceProcess, RouterClient]]:
-    """A router and a simulated worker started with --router, once the router places requests on it."""
+    """A router and a simulated worker started with --router, once the router places requests on
+    it."""
     router, _ = launch_router("router", "--worker-lease-ttl-s", str(lease_ttl_s))
     router.wait_ready()
     worker, address = launch_sim_worker("worker", "--router", router.address)
     try:
         worker.wait_ready()
         client = RouterClient(router.address)
-        wait_for(lambda: _outcome(client) == address, timeout=15, what="a placement on the registered worker")
+        wait_for(lambda: _outcome(client) == address, timeout=15,
+                 what="a placement on the registered worker")
         yield worker, client
     finally:
         stop_all([worker, router])

@@ -1,5 +1,5 @@
-"""The Router servicer in process: a Place carries the caller's trace context into its span, and a queued
-request is answered once capacity frees up."""
+"""The Router servicer in process: a Place carries the caller's trace context into its span, and a
+queued request is answered once capacity frees up."""
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +31,8 @@ def setup_module() -> None:
 
 async def _serve(router_config: RouterConfig, clock: Clock) -> tuple[grpc.aio.Server, Router, str]:
     loop = asyncio.get_running_loop()
-    router = Router(router_config, clock=clock, on_queued_outcome=lambda o: servicer.on_queued_outcome(o))
+    router = Router(router_config, clock=clock,
+                    on_queued_outcome=lambda o: servicer.on_queued_outcome(o))
     servicer = RouterServicer(router, FeedSet(router, 1.0, 1.0), loop)
     server = grpc.aio.server()
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
@@ -43,7 +44,8 @@ async def _serve(router_config: RouterConfig, clock: Clock) -> tuple[grpc.aio.Se
 
 async def _trace_and_queue() -> None:
     clock = Clock()
-    # One request fills the only worker (saturation at one in-flight request), so the next one queues.
+    # One request fills the only worker (saturation at one in-flight request), so the next one
+    # queues.
     config = RouterConfig(model="m", saturation_inflight_requests=1, sticky_inflight_requests=1)
     server, router, address = await _serve(config, clock)
     router.on_stats(stats("d0", clock()))
@@ -57,7 +59,8 @@ async def _trace_and_queue() -> None:
     place_span = next(s for s in EXPORTER.get_finished_spans() if s.name == "router.place")
     assert place_span.context.trace_id == parent.get_span_context().trace_id
     assert place_span.parent.span_id == parent.get_span_context().span_id
-    waiting = asyncio.ensure_future(stub.Place(rpb.PlaceRequest(request_id="r2", prompt_token_ids=[2] * 64)))
+    waiting = asyncio.ensure_future(
+        stub.Place(rpb.PlaceRequest(request_id="r2", prompt_token_ids=[2] * 64)))
     await asyncio.sleep(0.2)
     assert not waiting.done() and router.stats().queued_requests == 1
     await stub.Release(rpb.ReleaseRequest(lease_id=first.lease_id))

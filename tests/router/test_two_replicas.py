@@ -1,7 +1,8 @@
-"""No herding across router replicas: two `baton router` processes over the same simulated workers, already busy
-past the sticky threshold, take a burst of 200 requests sharing one cache-warm prefix, split between them at once.
-Each replica counts only its own reservations plus the workers' polled load, so this is where two replicas could
-both pile onto the warm worker, or onto the same least-loaded one."""
+"""No herding across router replicas: two `baton router` processes over the same simulated workers,
+already busy past the sticky threshold, take a burst of 200 requests sharing one cache-warm prefix,
+split between them at once. Each replica counts only its own reservations plus the workers' polled
+load, so this is where two replicas could both pile onto the warm worker, or onto the same
+least-loaded one."""
 from __future__ import annotations
 
 import random
@@ -20,11 +21,11 @@ from .grpc_clients import RouterClient, generate_on, worker_id_of
 WORKERS = 4
 BURST = 200
 PREFIX_TOKENS = 256
-# Above the routers' default sticky threshold (32 in flight): the warm worker no longer attracts its prefix, so
-# the burst is spread by load alone, which is what the replicas must not herd on.
+# Above the routers' default sticky threshold (32 in flight): the warm worker no longer attracts its
+# prefix, so the burst is spread by load alone, which is what the replicas must not herd on.
 BACKGROUND_PER_WORKER = 40
-# Slow decode steps and long outputs: every request stays in flight on its worker for the whole test, so the
-# workers' polled stats show the load piling up while both routers keep placing.
+# Slow decode steps and long outputs: every request stays in flight on its worker for the whole
+# test, so the workers' polled stats show the load piling up while both routers keep placing.
 SLOW_SIM = ("--sim-step-base-seconds", "0.05", "--num-kv-blocks", "4096")
 LONG_OUTPUT = 1500  # with the 288-token prompts, within the model's 2,048-token context
 
@@ -35,9 +36,10 @@ def _prompt(rng: random.Random, length: int) -> list[int]:
 
 def _start(stub: worker_pb2_grpc.WorkerStub, request_id: str, prompt: list[int]) -> grpc.Future:
     """Starts a long request without consuming its stream, so it keeps running until cancelled."""
-    return stub.Generate(wpb.GenerateRequest(meta=wpb.RequestMeta(request_id=request_id), prompt_token_ids=prompt,
-                                             params=wpb.SamplingParams(max_tokens=LONG_OUTPUT, temperature=0.0)),
-                         timeout=60)
+    return stub.Generate(
+        wpb.GenerateRequest(meta=wpb.RequestMeta(request_id=request_id), prompt_token_ids=prompt,
+                            params=wpb.SamplingParams(max_tokens=LONG_OUTPUT, temperature=0.0)),
+        timeout=60)
 
 
 def _start_cluster() -> tuple[list[ServiceProcess], list[RouterClient], list[str]]:
@@ -50,23 +52,31 @@ def _start_cluster() -> tuple[list[ServiceProcess], list[RouterClient], list[str
     return services, [RouterClient(r.address) for r in routers], addresses
 
 
-def _wait_warm_and_busy(clients: list[RouterClient], prefix: list[int], warm_id: str, rng: random.Random) -> None:
+def _wait_warm_and_busy(clients: list[RouterClient], prefix: list[int], warm_id: str,
+                        rng: random.Random) -> None:
     def both_see_the_warm_prefix() -> bool:
-        placements = [c.place(f"probe-{random.random()}", prefix + _prompt(rng, 16)) for c in clients]
+        placements = [
+            c.place(f"probe-{random.random()}", prefix + _prompt(rng, 16)) for c in clients
+        ]
         for c, p in zip(clients, placements):
             c.release(p.lease_id)
-        return all(p.decode_worker_id == warm_id and p.predicted_cached_tokens >= PREFIX_TOKENS for p in placements)
+        return all(p.decode_worker_id == warm_id and p.predicted_cached_tokens >= PREFIX_TOKENS
+                   for p in placements)
 
     for client in clients:
         # Below 1 means every worker's stats arrived (a worker without stats counts as full).
-        wait_for(lambda c=client: c.pool().workers == WORKERS and c.pool().mean_kv_utilization < 1.0,
-                 timeout=15.0, what="stats of every worker")
+        wait_for(
+            lambda c=client: c.pool().workers == WORKERS and c.pool().mean_kv_utilization < 1.0,
+            timeout=15.0, what="stats of every worker")
     wait_for(both_see_the_warm_prefix, timeout=15.0, what="both routers know the warm prefix")
 
 
-def _burst(clients: list[RouterClient], addresses: list[str], rng: random.Random) -> tuple[Counter, int]:
-    """Placements per worker for the burst, and how many requests had ended before it was all placed."""
-    # Channels live for the whole burst: a channel collected while its call streams cancels the call.
+def _burst(clients: list[RouterClient], addresses: list[str],
+           rng: random.Random) -> tuple[Counter, int]:
+    """Placements per worker for the burst, and how many requests had ended before it was all
+    placed."""
+    # Channels live for the whole burst: a channel collected while its call streams cancels the
+    # call.
     stubs = {a: worker_pb2_grpc.WorkerStub(grpc.insecure_channel(a)) for a in addresses}
     prefix = _prompt(rng, PREFIX_TOKENS)
     generate_on(addresses[0], "warm", prefix + _prompt(rng, 16))
@@ -74,19 +84,20 @@ def _burst(clients: list[RouterClient], addresses: list[str], rng: random.Random
     background = [_start(stubs[a], f"bg-{a}-{j}", _prompt(rng, 64))
                   for a in addresses for j in range(BACKGROUND_PER_WORKER)]
     for client in clients:
-        wait_for(lambda c=client: c.pool().inflight_requests >= WORKERS * BACKGROUND_PER_WORKER, timeout=15.0,
-                 what="the background load in the routers' view")
+        wait_for(lambda c=client: c.pool().inflight_requests >= WORKERS * BACKGROUND_PER_WORKER,
+                 timeout=15.0, what="the background load in the routers' view")
     prompts = [prefix + _prompt(rng, 32) for _ in range(BURST)]
 
     def place_and_run(i: int) -> tuple[str, str, grpc.Future]:
         placement = clients[i % 2].place(f"burst-{i}", prompts[i], max_tokens=LONG_OUTPUT)
-        return placement.decode_worker_id, placement.lease_id, _start(stubs[placement.decode_address],
-                                                                      f"burst-{i}", prompts[i])
+        return placement.decode_worker_id, placement.lease_id, _start(
+            stubs[placement.decode_address], f"burst-{i}", prompts[i])
 
     with ThreadPoolExecutor(32) as pool:
         placed = list(pool.map(place_and_run, range(BURST)))
     calls = background + [call for _, _, call in placed]
-    finished_early = sum(call.done() for call in calls)  # an error or an end: that request was no load
+    # an error or an end: that request was no load
+    finished_early = sum(call.done() for call in calls)
     for call in calls:
         call.cancel()
     for i, (_, lease_id, _) in enumerate(placed):

@@ -10,8 +10,8 @@ from .helpers import LIMITS, stats, worker
 
 
 def test_roles_match_the_worker_contract():
-    assert [Role.PREFILL, Role.DECODE, Role.MIXED] == [worker_pb2.ROLE_PREFILL, worker_pb2.ROLE_DECODE,
-                                                       worker_pb2.ROLE_MIXED]
+    assert [Role.PREFILL, Role.DECODE,
+            Role.MIXED] == [worker_pb2.ROLE_PREFILL, worker_pb2.ROLE_DECODE, worker_pb2.ROLE_MIXED]
 
 
 @pytest.mark.parametrize("report_at, now, stale", [
@@ -49,7 +49,8 @@ def test_reservations_count_until_a_later_report_includes_them():
     assert (w.queued_prefill_tokens(), w.inflight_requests(), w.free_kv_blocks()) == (1700, 4, 885)
     assert w.outstanding_requests == 2
     w.unreserve("l2")
-    assert (w.queued_prefill_tokens(), w.inflight_requests(), w.outstanding_requests) == (1400, 3, 1)
+    assert (w.queued_prefill_tokens(), w.inflight_requests(), w.outstanding_requests) == (1400, 3,
+                                                                                          1)
     w.unreserve("l2")  # releasing twice changes nothing
     assert w.outstanding_requests == 1
 

@@ -1,4 +1,5 @@
-"""Bad requests get the right gRPC status with a message, and the worker stays healthy afterwards."""
+"""Bad requests get the right gRPC status with a message, and the worker stays healthy
+afterwards."""
 from __future__ import annotations
 
 import asyncio
@@ -39,46 +40,51 @@ async def prefill_error(worker, request: pb.PrefillRequest) -> grpc.aio.AioRpcEr
 CASES = {
     "empty prompt": (pb.GenerateRequest(meta=meta("e"), params=greedy_params(4)),
                      grpc.StatusCode.INVALID_ARGUMENT, "at least one token"),
-    "token id out of vocabulary": (
-        pb.GenerateRequest(meta=meta("v"), prompt_token_ids=[1, 10**6], params=greedy_params(4)),
-        grpc.StatusCode.INVALID_ARGUMENT, "token ids must be in"),
-    "negative temperature": (
-        pb.GenerateRequest(meta=meta("t"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
-            max_tokens=4, temperature=-1.0)), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
-    "prompt past the context": (
-        pb.GenerateRequest(meta=meta("c"), prompt_token_ids=[5] * 5000, params=greedy_params(4)),
-        grpc.StatusCode.INVALID_ARGUMENT, "maximum context length is"),
-    "oversized message": (
-        pb.GenerateRequest(meta=meta("o"), prompt_token_ids=[5] * (1 << 21), params=greedy_params(4)),
-        grpc.StatusCode.INVALID_ARGUMENT, "at most"),
-    "schema that does not compile": (
-        pb.GenerateRequest(meta=meta("s"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
-            max_tokens=4, structured_output=pb.StructuredOutput(kind="json_schema", value='{"type": "nope"}'))),
-        grpc.StatusCode.INVALID_ARGUMENT, "structured_output"),
-    "migrated tokens that break the grammar": (
-        pb.GenerateRequest(meta=meta("g"), prompt_token_ids=[1, 2], output_token_ids=[100, 101],
-                           params=pb.SamplingParams(max_tokens=8, structured_output=pb.StructuredOutput(
-                               kind="choice", value='["yes", "no"]'))),
-        grpc.StatusCode.INVALID_ARGUMENT, "does not follow"),
-    "logit_bias id out of vocabulary": (
-        pb.GenerateRequest(meta=meta("b"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
-            max_tokens=4, logit_bias={10**6: 1.0})), grpc.StatusCode.INVALID_ARGUMENT, "logit_bias token ids"),
-    "logit_bias out of range": (
-        pb.GenerateRequest(meta=meta("r"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
-            max_tokens=4, logit_bias={3: 250.0})), grpc.StatusCode.INVALID_ARGUMENT, "logit_bias"),
-    "too many prompt logprobs": (
-        pb.GenerateRequest(meta=meta("k"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
-            max_tokens=4, prompt_logprobs=1000)), grpc.StatusCode.INVALID_ARGUMENT, "prompt_logprobs"),
-    "unknown KV handle": (
-        pb.GenerateRequest(meta=meta("h"), prompt_token_ids=[1, 2, 3], params=greedy_params(4),
-                           kv_handle=pb.KVHandle(request_id="never-granted", transport="nixl",
-                                                 expires_at_unix_ms=2**62, block_ids=[0])),
-        grpc.StatusCode.NOT_FOUND, "never-granted"),
-    "expired KV handle": (
-        pb.GenerateRequest(meta=meta("x"), prompt_token_ids=[1, 2, 3], params=greedy_params(4),
-                           kv_handle=pb.KVHandle(request_id="old", transport="nixl", expires_at_unix_ms=1,
-                                                 block_ids=[0])),
-        grpc.StatusCode.NOT_FOUND, "expired"),
+    "token id out of vocabulary": (pb.GenerateRequest(meta=meta("v"), prompt_token_ids=[1, 10**6],
+                                                      params=greedy_params(4)),
+                                   grpc.StatusCode.INVALID_ARGUMENT, "token ids must be in"),
+    "negative temperature":
+        (pb.GenerateRequest(meta=meta("t"), prompt_token_ids=[1, 2],
+                            params=pb.SamplingParams(max_tokens=4, temperature=-1.0)),
+         grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+    "prompt past the context": (pb.GenerateRequest(meta=meta("c"), prompt_token_ids=[5] * 5000,
+                                                   params=greedy_params(4)),
+                                grpc.StatusCode.INVALID_ARGUMENT, "maximum context length is"),
+    "oversized message":
+        (pb.GenerateRequest(meta=meta("o"), prompt_token_ids=[5] * (1 << 21),
+                            params=greedy_params(4)), grpc.StatusCode.INVALID_ARGUMENT, "at most"),
+    "schema that does not compile": (pb.GenerateRequest(
+        meta=meta("s"), prompt_token_ids=[1, 2], params=pb.SamplingParams(
+            max_tokens=4, structured_output=pb.StructuredOutput(kind="json_schema",
+                                                                value='{"type": "nope"}'))),
+                                     grpc.StatusCode.INVALID_ARGUMENT, "structured_output"),
+    "migrated tokens that break the grammar": (pb.GenerateRequest(
+        meta=meta("g"), prompt_token_ids=[1, 2], output_token_ids=[100, 101],
+        params=pb.SamplingParams(
+            max_tokens=8, structured_output=pb.StructuredOutput(kind="choice",
+                                                                value='["yes", "no"]'))),
+                                               grpc.StatusCode.INVALID_ARGUMENT, "does not follow"),
+    "logit_bias id out of vocabulary":
+        (pb.GenerateRequest(meta=meta("b"), prompt_token_ids=[1, 2],
+                            params=pb.SamplingParams(max_tokens=4, logit_bias={10**6: 1.0})),
+         grpc.StatusCode.INVALID_ARGUMENT, "logit_bias token ids"),
+    "logit_bias out of range":
+        (pb.GenerateRequest(meta=meta("r"), prompt_token_ids=[1, 2],
+                            params=pb.SamplingParams(max_tokens=4, logit_bias={3: 250.0})),
+         grpc.StatusCode.INVALID_ARGUMENT, "logit_bias"),
+    "too many prompt logprobs":
+        (pb.GenerateRequest(meta=meta("k"), prompt_token_ids=[1, 2],
+                            params=pb.SamplingParams(max_tokens=4, prompt_logprobs=1000)),
+         grpc.StatusCode.INVALID_ARGUMENT, "prompt_logprobs"),
+    "unknown KV handle": (pb.GenerateRequest(
+        meta=meta("h"), prompt_token_ids=[1, 2, 3], params=greedy_params(4),
+        kv_handle=pb.KVHandle(request_id="never-granted", transport="nixl",
+                              expires_at_unix_ms=2**62,
+                              block_ids=[0])), grpc.StatusCode.NOT_FOUND, "never-granted"),
+    "expired KV handle": (pb.GenerateRequest(
+        meta=meta("x"), prompt_token_ids=[1, 2, 3], params=greedy_params(4),
+        kv_handle=pb.KVHandle(request_id="old", transport="nixl", expires_at_unix_ms=1,
+                              block_ids=[0])), grpc.StatusCode.NOT_FOUND, "expired"),
 }
 
 
@@ -86,7 +92,8 @@ CASES = {
 def test_bad_generate_gets_a_status_and_a_message(worker, case):
     request, code, text = CASES[case]
     if case == "unknown KV handle":
-        request.kv_handle.worker_address = worker.address  # a live worker that never granted this lease
+        # a live worker that never granted this lease
+        request.kv_handle.worker_address = worker.address
     error = asyncio.run(generate_error(worker, request))
     assert error.code() == code, error.details()
     assert text in (error.details() or "")
@@ -95,13 +102,16 @@ def test_bad_generate_gets_a_status_and_a_message(worker, case):
 
 def test_bad_prefill_and_unknown_pull(worker):
     async def scenario() -> None:
-        error = await prefill_error(worker, pb.PrefillRequest(meta=meta("p"), prompt_token_ids=[1],
-                                                              params=pb.SamplingParams(max_tokens=4, top_p=2.0)))
+        error = await prefill_error(
+            worker,
+            pb.PrefillRequest(meta=meta("p"), prompt_token_ids=[1],
+                              params=pb.SamplingParams(max_tokens=4, top_p=2.0)))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "top_p" in error.details()
         with pytest.raises(grpc.aio.AioRpcError) as pull:
             async for _ in worker.stub().PullKV(pb.PullKVRequest(request_id="nope", block_ids=[1])):
                 pass
-        assert pull.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # a NIXL worker serves no gRPC pulls
+        # a NIXL worker serves no gRPC pulls
+        assert pull.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(grpc.aio.AioRpcError) as lease:
             await worker.stub().UpdateLease(pb.UpdateLeaseRequest(request_id="nope"))
         assert lease.value.code() == grpc.StatusCode.NOT_FOUND

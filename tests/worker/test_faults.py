@@ -1,5 +1,6 @@
-"""The hand-off under failure: a prefill worker killed mid-hand-off, leases left to expire, clients that go
-away mid-stream, and a SIGTERM drain under live streams. No request is lost and every block comes back."""
+"""The hand-off under failure: a prefill worker killed mid-hand-off, leases left to expire, clients
+that go away mid-stream, and a SIGTERM drain under live streams. No request is lost and every block
+comes back."""
 from __future__ import annotations
 
 import asyncio
@@ -27,19 +28,22 @@ def wait_for(condition, timeout: float = 15.0) -> None:
 
 
 def all_blocks_free(worker: Worker) -> bool:
-    return worker.metric("baton_kv_cache_free_blocks") == worker.metric("baton_kv_cache_total_blocks")
+    return worker.metric("baton_kv_cache_free_blocks") == worker.metric(
+        "baton_kv_cache_total_blocks")
 
 
-async def prefill_only(prefill: Worker, request_id: str, prompt: list[int], max_tokens: int) -> pb.PrefillResponse:
-    return await prefill.stub().Prefill(pb.PrefillRequest(meta=pb.RequestMeta(request_id=request_id),
-                                                          prompt_token_ids=prompt, params=greedy_params(max_tokens)))
+async def prefill_only(prefill: Worker, request_id: str, prompt: list[int],
+                       max_tokens: int) -> pb.PrefillResponse:
+    return await prefill.stub().Prefill(
+        pb.PrefillRequest(meta=pb.RequestMeta(request_id=request_id), prompt_token_ids=prompt,
+                          params=greedy_params(max_tokens)))
 
 
 async def decode_with(decode: Worker, done: pb.PrefillResponse, request_id: str, prompt: list[int],
                       max_tokens: int) -> tuple[list[int], str]:
-    request = pb.GenerateRequest(meta=pb.RequestMeta(request_id=request_id), prompt_token_ids=prompt,
-                                 params=greedy_params(max_tokens), kv_handle=done.kv_handle,
-                                 first_token_id=done.first_token_id)
+    request = pb.GenerateRequest(meta=pb.RequestMeta(request_id=request_id),
+                                 prompt_token_ids=prompt, params=greedy_params(max_tokens),
+                                 kv_handle=done.kv_handle, first_token_id=done.first_token_id)
     tokens, source = [], ""
     async for message in decode.stub().Generate(request):
         tokens += message.token_ids
@@ -83,9 +87,10 @@ def test_abort_mid_stream_frees_blocks_on_both_workers(model):
         async def start_then_leave() -> int:
             prompt = list(range(10, 80))
             done = await prefill_only(prefill, "leaver", prompt, 400)
-            call = decode.stub().Generate(pb.GenerateRequest(
-                meta=pb.RequestMeta(request_id="leaver"), prompt_token_ids=prompt, params=greedy_params(400),
-                kv_handle=done.kv_handle, first_token_id=done.first_token_id))
+            call = decode.stub().Generate(
+                pb.GenerateRequest(meta=pb.RequestMeta(request_id="leaver"),
+                                   prompt_token_ids=prompt, params=greedy_params(400),
+                                   kv_handle=done.kv_handle, first_token_id=done.first_token_id))
             seen = 0
             async for message in call:
                 seen += len(message.token_ids)
@@ -109,8 +114,10 @@ def test_sigterm_drains_eight_live_streams(model):
         async def scenario() -> tuple[list[list[int]], grpc.StatusCode]:
             expected = [(await collect(mixed, None, f"ref{i}", p, greedy_params(60)))[0]
                         for i, p in enumerate(prompts)]
-            streams = [asyncio.ensure_future(collect(decode, prefill, f"s{i}", p, greedy_params(60)))
-                       for i, p in enumerate(prompts)]
+            streams = [
+                asyncio.ensure_future(collect(decode, prefill, f"s{i}", p, greedy_params(60)))
+                for i, p in enumerate(prompts)
+            ]
             while decode.metric("baton_num_requests_running") < 8:
                 await asyncio.sleep(0.05)
             decode.service.process.terminate()  # SIGTERM

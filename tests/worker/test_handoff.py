@@ -1,5 +1,6 @@
-"""Token-exact KV hand-off between real worker processes: prefill on one, decode on another, over NIXL (UCX on
-loopback) and over the gRPC transport, against a mixed worker and `baton run-batch` on the same checkpoint."""
+"""Token-exact KV hand-off between real worker processes: prefill on one, decode on another, over
+NIXL (UCX on loopback) and over the gRPC transport, against a mixed worker and `baton run-batch` on
+the same checkpoint."""
 from __future__ import annotations
 
 import asyncio
@@ -37,15 +38,28 @@ def mixed(model):
 def run_batch_tokens(model, prompts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run-batch")
     src, dst = tmp / "in.jsonl", tmp / "out.jsonl"
-    src.write_text("".join(json.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/completions", "body": {
-        "model": "m", "prompt": p, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True}}) + "\n" for i, p in enumerate(prompts)))
-    assert main(["run-batch", "-i", str(src), "-o", str(dst), "--model", str(model), "--num-kv-blocks", "256"]) == 0
-    return [json.loads(line)["response"]["body"]["choices"][0]["token_ids"] for line in dst.read_text().splitlines()]
+    src.write_text("".join(
+        json.dumps({
+            "custom_id": str(i), "method": "POST", "url": "/v1/completions", "body": {
+                "model": "m", "prompt": p, "max_tokens": NEW_TOKENS, "temperature": 0,
+                "ignore_eos": True, "return_token_ids": True
+            }
+        }) + "\n" for i, p in enumerate(prompts)))
+    assert main([
+        "run-batch", "-i",
+        str(src), "-o",
+        str(dst), "--model",
+        str(model), "--num-kv-blocks", "256"
+    ]) == 0
+    return [
+        json.loads(line)["response"]["body"]["choices"][0]["token_ids"]
+        for line in dst.read_text().splitlines()
+    ]
 
 
 @pytest.mark.parametrize("transport", ["nixl", "grpc"])
-def test_disaggregated_matches_mixed_and_run_batch(model, prompts, mixed, run_batch_tokens, transport):
+def test_disaggregated_matches_mixed_and_run_batch(model, prompts, mixed, run_batch_tokens,
+                                                   transport):
     prefill, decode = start_workers(model, ["prefill", "decode"], transport)
     try:
         params = greedy_params(NEW_TOKENS)
@@ -55,7 +69,8 @@ def test_disaggregated_matches_mixed_and_run_batch(model, prompts, mixed, run_ba
         assert [t for t, _ in disaggregated] == [t for t, _ in colocated] == run_batch_tokens
         assert decode.metric("baton_kv_transfer_bytes_total") > 0
         assert prefill.metric("baton_kv_leases") == 0
-        assert decode.metric("baton_kv_cache_free_blocks") == decode.metric("baton_kv_cache_total_blocks")
+        assert decode.metric("baton_kv_cache_free_blocks") == decode.metric(
+            "baton_kv_cache_total_blocks")
     finally:
         assert prefill.service.terminate() == 0 and decode.service.terminate() == 0
 

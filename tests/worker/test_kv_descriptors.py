@@ -1,5 +1,5 @@
-"""Coalescing of block runs into ranges, the device block copy (on CPU tensors), and how NIXL is found and UCX set
-up for GPU memory; no second process needed."""
+"""Coalescing of block runs into ranges, the device block copy (on CPU tensors), and how NIXL is
+found and UCX set up for GPU memory; no second process needed."""
 from __future__ import annotations
 
 import importlib
@@ -28,7 +28,8 @@ REMOTE = KVLayout(num_layers=3, num_blocks=12, block_size=4, block_nbytes=256, b
     ([5], [2], [(5, 2, 1)]),
     ([0, 1, 2, 3], [4, 5, 6, 7], [(0, 4, 4)]),
     ([0, 1, 2, 7, 8], [4, 5, 6, 0, 1], [(0, 4, 3), (7, 0, 2)]),
-    ([0, 1, 2], [4, 6, 7], [(0, 4, 1), (1, 6, 2)]),  # consecutive remotely, not locally: split where local breaks
+    # consecutive remotely, not locally: split where local breaks
+    ([0, 1, 2], [4, 6, 7], [(0, 4, 1), (1, 6, 2)]),
     ([3, 2, 1], [0, 1, 2], [(3, 0, 1), (2, 1, 1), (1, 2, 1)]),  # descending never merges
 ])
 def test_block_runs(remote: list[int], local: list[int], runs: list[tuple[int, int, int]]) -> None:
@@ -68,7 +69,8 @@ def test_coalesced_tables_leave_scattered_blocks_to_the_prepared_lists() -> None
 
 
 def _caches() -> tuple[torch.Tensor, torch.Tensor]:
-    src = torch.randint(0, 256, (3, 12, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    src = torch.randint(0, 256, (3, 12, 64), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(3))
     return src, torch.zeros((3, 10, 64), dtype=torch.uint8)
 
 
@@ -78,8 +80,9 @@ def _caches() -> tuple[torch.Tensor, torch.Tensor]:
     ([11, 0, 5, 6, 1], [0, 9, 2, 3, 5], 1, 1 << 20, 1),  # gather + scatter, one chunk
     ([11, 0, 5, 6, 1], [0, 9, 2, 3, 5], 1, 2 * 3 * 64, 3),  # chunks of two blocks: 2 + 2 + 1
 ])
-def test_copy_blocks_moves_every_layer_of_each_block(src_blocks: list[int], dst_blocks: list[int], max_runs: int,
-                                                     chunk: int, issued: int) -> None:
+def test_copy_blocks_moves_every_layer_of_each_block(src_blocks: list[int], dst_blocks: list[int],
+                                                     max_runs: int, chunk: int,
+                                                     issued: int) -> None:
     src, dst = _caches()
     assert copy_blocks(dst, src, dst_blocks, src_blocks, max_runs, chunk) == issued
     for s, d in zip(src_blocks, dst_blocks):
@@ -88,7 +91,8 @@ def test_copy_blocks_moves_every_layer_of_each_block(src_blocks: list[int], dst_
     assert not dst[:, untouched].any()
 
 
-def _fake_packages(monkeypatch: pytest.MonkeyPatch, present: dict[str, BaseException | None]) -> None:
+def _fake_packages(monkeypatch: pytest.MonkeyPatch, present: dict[str,
+                                                                  BaseException | None]) -> None:
     """`present` maps a NIXL module name to the error importing its _api raises (None: it loads)."""
     real_find_spec, real_import = importlib.util.find_spec, importlib.import_module
 
@@ -102,7 +106,8 @@ def _fake_packages(monkeypatch: pytest.MonkeyPatch, present: dict[str, BaseExcep
         if package in nixl_loader.NIXL_MODULES:
             if present.get(package) is not None:
                 raise present[package]
-            return SimpleNamespace(nixl_agent=f"{package}-agent", nixl_agent_config=f"{package}-config")
+            return SimpleNamespace(nixl_agent=f"{package}-agent",
+                                   nixl_agent_config=f"{package}-config")
         return real_import(name, *args)
 
     monkeypatch.setattr(nixl_loader.importlib.util, "find_spec", find_spec)
@@ -117,7 +122,8 @@ def _import_error_with_cause() -> ImportError:
         return e
 
 
-def test_load_nixl_names_the_real_cause_of_a_wheel_that_does_not_load(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_nixl_names_the_real_cause_of_a_wheel_that_does_not_load(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_packages(monkeypatch, {"nixl_cu13": _import_error_with_cause()})
     with pytest.raises(ImportError) as info:
         nixl_loader.load_nixl()
@@ -127,22 +133,27 @@ def test_load_nixl_names_the_real_cause_of_a_wheel_that_does_not_load(monkeypatc
     assert "libnixl.so: cannot open shared object file" in message
 
 
-def test_load_nixl_says_how_to_install_when_nothing_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_nixl_says_how_to_install_when_nothing_is_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_packages(monkeypatch, {})
-    with pytest.raises(ImportError, match=r"NIXL is not installed: pip install 'baton\[cu12\]' or 'baton\[cu13\]'"):
+    with pytest.raises(
+            ImportError,
+            match=r"NIXL is not installed: pip install 'baton\[cu12\]' or 'baton\[cu13\]'"):
         nixl_loader.load_nixl()
 
 
-def test_load_nixl_falls_through_a_broken_wheel_to_a_working_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_nixl_falls_through_a_broken_wheel_to_a_working_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_packages(monkeypatch, {"nixl_cu13": _import_error_with_cause(), "nixl_cu12": None})
     assert nixl_loader.load_nixl() == ("nixl_cu12-agent", "nixl_cu12-config")
 
 
-@pytest.mark.parametrize("cuda, first", [("13.0", "nixl_cu13"), ("12.8", "nixl_cu12"), (None, "nixl_cu13"),
-                                         ("11.8", "nixl_cu13")])
+@pytest.mark.parametrize("cuda, first", [("13.0", "nixl_cu13"), ("12.8", "nixl_cu12"),
+                                         (None, "nixl_cu13"), ("11.8", "nixl_cu13")])
 def test_search_order_puts_torchs_cuda_major_first(cuda: str | None, first: str) -> None:
     order = nixl_loader.search_order(cuda)
-    assert order[0] == "nixl" and order[1] == first and sorted(order) == sorted(nixl_loader.NIXL_MODULES)
+    assert order[0] == "nixl" and order[1] == first and sorted(order) == sorted(
+        nixl_loader.NIXL_MODULES)
 
 
 def test_configure_ucx_for_cuda_points_at_the_bundled_modules(monkeypatch: pytest.MonkeyPatch,
@@ -150,19 +161,25 @@ def test_configure_ucx_for_cuda_points_at_the_bundled_modules(monkeypatch: pytes
     (tmp_path / "nixl_cu13.libs" / "ucx").mkdir(parents=True)
     (tmp_path / "nixl_cu13").mkdir()
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(nixl_loader.importlib.util, "find_spec", lambda name, *a: (
-        SimpleNamespace(submodule_search_locations=[str(tmp_path / "nixl_cu13")]) if name == "nixl_cu13"
-        else None if name in nixl_loader.NIXL_MODULES else real_find_spec(name, *a)))
+    monkeypatch.setattr(
+        nixl_loader.importlib.util, "find_spec", lambda name, *a:
+        (SimpleNamespace(submodule_search_locations=[str(tmp_path / "nixl_cu13")])
+         if name == "nixl_cu13" else None
+         if name in nixl_loader.NIXL_MODULES else real_find_spec(name, *a)))
     env: dict[str, str] = {}
     applied = nixl_loader.configure_ucx_for_cuda(environ=env)
-    assert env == applied == {"UCX_MEMTYPE_CACHE": "n", "UCX_MODULE_DIR": str(tmp_path / "nixl_cu13.libs" / "ucx"),
-                              "UCX_TLS": nixl_loader.CUDA_UCX_TLS}
+    assert env == applied == {
+        "UCX_MEMTYPE_CACHE": "n", "UCX_MODULE_DIR": str(tmp_path / "nixl_cu13.libs" / "ucx"),
+        "UCX_TLS": nixl_loader.CUDA_UCX_TLS
+    }
     assert {"cuda_ipc", "cuda_copy", "tcp"} <= set(env["UCX_TLS"].split(","))
 
 
-def test_configure_ucx_for_cuda_keeps_the_operators_settings_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configure_ucx_for_cuda_keeps_the_operators_settings_unless_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nixl_loader, "bundled_ucx_module_dir", lambda: None)
     env = {"UCX_TLS": "rc,cuda_copy,cuda_ipc,tcp", "UCX_MEMTYPE_CACHE": "y"}
     assert nixl_loader.configure_ucx_for_cuda(environ=env) == {}
     assert env["UCX_TLS"] == "rc,cuda_copy,cuda_ipc,tcp" and env["UCX_MEMTYPE_CACHE"] == "y"
-    assert nixl_loader.configure_ucx_for_cuda("cuda_ipc,tcp,self", environ=env) == {"UCX_TLS": "cuda_ipc,tcp,self"}
+    assert nixl_loader.configure_ucx_for_cuda("cuda_ipc,tcp,self",
+                                              environ=env) == {"UCX_TLS": "cuda_ipc,tcp,self"}

@@ -1,5 +1,5 @@
-"""Both KV transports between two real processes on loopback: a spawned source with a cache of seeded random
-bytes, and this process reading from it."""
+"""Both KV transports between two real processes on loopback: a spawned source with a cache of
+seeded random bytes, and this process reading from it."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,8 @@ from baton.v1 import worker_pb2, worker_pb2_grpc
 
 KINDS = ("nixl", "grpc")
 SOURCE_SHAPE = CacheShape(num_layers=3, num_blocks=10, block_size=4, kv_heads=2, head_dim=8)
-LOCAL_SHAPE = CacheShape(num_layers=3, num_blocks=7, block_size=4, kv_heads=2, head_dim=8)  # a different count
+# a different count
+LOCAL_SHAPE = CacheShape(num_layers=3, num_blocks=7, block_size=4, kv_heads=2, head_dim=8)
 SEED = 1234
 TIMEOUT_S = 3.0
 
@@ -60,7 +61,8 @@ def transports(local_cache: torch.Tensor) -> Iterator[dict[str, KVTransport]]:
         transport.close()
 
 
-def _wait_notifications(source: SourceProcess, kind: str, wanted: set[bytes], wait_s: float = 5.0) -> set[bytes]:
+def _wait_notifications(source: SourceProcess, kind: str, wanted: set[bytes],
+                        wait_s: float = 5.0) -> set[bytes]:
     seen: set[bytes] = set()
     deadline = time.monotonic() + wait_s
     while not wanted <= seen and time.monotonic() < deadline:
@@ -80,18 +82,21 @@ def test_read_subset_into_other_blocks(kind: str, remote_blocks: list[int], loca
     local_cache.zero_()
     note = f"req-{kind}-subset-{remote_blocks[0]}".encode()
     result = transports[kind].read(source.peers[kind], remote_blocks, local_blocks, note, TIMEOUT_S)
-    assert result.num_bytes == len(remote_blocks) * SOURCE_SHAPE.num_layers * SOURCE_SHAPE.block_nbytes()
+    assert result.num_bytes == len(
+        remote_blocks) * SOURCE_SHAPE.num_layers * SOURCE_SHAPE.block_nbytes()
     got = byte_view(local_cache)
     for layer in range(SOURCE_SHAPE.num_layers):
         for remote, local in zip(remote_blocks, local_blocks):
-            assert torch.equal(got[layer, local], expected[layer, remote]), (kind, layer, remote, local)
+            assert torch.equal(got[layer, local], expected[layer,
+                                                           remote]), (kind, layer, remote, local)
     untouched = [b for b in range(LOCAL_SHAPE.num_blocks) if b not in local_blocks]
     assert not got[:, untouched].any(), "a block that was not asked for was written"
     assert note in _wait_notifications(source, kind, {note})
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_empty_read_still_notifies(kind: str, source: SourceProcess, transports: dict[str, KVTransport]) -> None:
+def test_empty_read_still_notifies(kind: str, source: SourceProcess,
+                                   transports: dict[str, KVTransport]) -> None:
     note = f"req-{kind}-empty".encode()
     assert transports[kind].read(source.peers[kind], [], [], note, TIMEOUT_S).num_bytes == 0
     assert note in _wait_notifications(source, kind, {note})
@@ -105,10 +110,12 @@ def test_empty_read_still_notifies(kind: str, source: SourceProcess, transports:
     ([1, 2], [3, 3], "repeat"),
     ([1, 2], [3], "2 remote blocks but 1 local"),
 ])
-def test_invalid_block_ids_are_refused(kind: str, remote_blocks: list[int], local_blocks: list[int], message: str,
-                                       source: SourceProcess, transports: dict[str, KVTransport]) -> None:
+def test_invalid_block_ids_are_refused(kind: str, remote_blocks: list[int], local_blocks: list[int],
+                                       message: str, source: SourceProcess,
+                                       transports: dict[str, KVTransport]) -> None:
     with pytest.raises(KVTransferError, match=message) as failure:
-        transports[kind].read(source.peers[kind], remote_blocks, local_blocks, b"req-invalid", TIMEOUT_S)
+        transports[kind].read(source.peers[kind], remote_blocks, local_blocks, b"req-invalid",
+                              TIMEOUT_S)
     assert failure.value.reason == "invalid"
 
 
@@ -134,12 +141,15 @@ def test_metrics_count_bytes_and_failures(source: SourceProcess, local_cache: to
     finally:
         transport.close()
     labels = {"transport": "grpc"}
-    assert registry.get_sample_value("baton_kv_transfer_bytes_total", labels) == 2 * 3 * SOURCE_SHAPE.block_nbytes()
+    assert registry.get_sample_value("baton_kv_transfer_bytes_total",
+                                     labels) == 2 * 3 * SOURCE_SHAPE.block_nbytes()
     assert registry.get_sample_value("baton_kv_transfer_duration_seconds_count", labels) == 1
-    assert registry.get_sample_value("baton_kv_transfer_failures_total", {**labels, "reason": "invalid"}) == 1
+    assert registry.get_sample_value("baton_kv_transfer_failures_total",
+                                     {**labels, "reason": "invalid"}) == 1
 
 
-def _read_in_time(transport: KVTransport, source: SourceProcess, kind: str, timeout_s: float) -> str | None:
+def _read_in_time(transport: KVTransport, source: SourceProcess, kind: str,
+                  timeout_s: float) -> str | None:
     """The failure's reason, or None when the read succeeded; either way within the timeout."""
     start = time.monotonic()
     try:
@@ -151,8 +161,8 @@ def _read_in_time(transport: KVTransport, source: SourceProcess, kind: str, time
     return reason
 
 
-def _read_matches(transport: KVTransport, source: SourceProcess, kind: str, local_cache: torch.Tensor,
-                  expected: torch.Tensor) -> None:
+def _read_matches(transport: KVTransport, source: SourceProcess, kind: str,
+                  local_cache: torch.Tensor, expected: torch.Tensor) -> None:
     local_cache.zero_()
     transport.read(source.peers[kind], [8, 3], [2, 5], f"req-{kind}-alive".encode(), TIMEOUT_S)
     got = byte_view(local_cache)
@@ -161,28 +171,32 @@ def _read_matches(transport: KVTransport, source: SourceProcess, kind: str, loca
 
 @pytest.mark.timeout(120)
 def test_killed_peer_fails_within_timeout_and_restarted_peer_is_readable(
-        transports: dict[str, KVTransport], local_cache: torch.Tensor, expected: torch.Tensor) -> None:
+        transports: dict[str, KVTransport], local_cache: torch.Tensor,
+        expected: torch.Tensor) -> None:
     victim = SourceProcess(_spec("victim")).start()
     try:
         for kind in KINDS:
             _read_matches(transports[kind], victim, kind, local_cache, expected)
         victim.pause()
         try:
-            # A one-sided NIXL READ may complete without the stopped peer's CPU (shared memory / CMA); gRPC cannot.
+            # A one-sided NIXL READ may complete without the stopped peer's CPU (shared memory /
+            # CMA); gRPC cannot.
             assert _read_in_time(transports["nixl"], victim, "nixl", 1.0) in (None, "timeout")
             assert _read_in_time(transports["grpc"], victim, "grpc", 1.0) == "timeout"
         finally:
             victim.resume()
         victim.kill()
         for kind in KINDS:
-            # How the first read learns of the death depends on whether UCX has noticed it yet; it must just fail.
+            # How the first read learns of the death depends on whether UCX has noticed it yet; it
+            # must just fail.
             assert _read_in_time(transports[kind], victim, kind, TIMEOUT_S) is not None
             # With nothing cached any more, the closed port is seen at once.
             assert _read_in_time(transports[kind], victim, kind, TIMEOUT_S) == "unreachable"
         victim.start()  # same agent name and ports, new cache addresses
         for kind in KINDS:
             _read_matches(transports[kind], victim, kind, local_cache, expected)
-        # Killed and back again with no failed read in between: the cached connection is stale, and still works.
+        # Killed and back again with no failed read in between: the cached connection is stale, and
+        # still works.
         victim.kill()
         victim.start()
         for kind in KINDS:
@@ -196,16 +210,21 @@ def test_bench_kv_transfer_smoke(tmp_path: Path) -> None:
     assert main(["bench", "kv-transfer", "--sizes", "1", "4", "--num-layers", "2", "--repeats", "2",
                  "--block-size", "4", "--output-json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert {(r["transport"], r["blocks"]) for r in doc["results"]} == {(k, n) for k in KINDS for n in (1, 4)}
+    assert {(r["transport"], r["blocks"])
+            for r in doc["results"]} == {(k, n)
+                                         for k in KINDS
+                                         for n in (1, 4)}
     assert all(r["verified"] and r["p50_ms"] > 0 for r in doc["results"])
     assert doc["notified"] == {"nixl": 6, "grpc": 6}
 
 
 def test_bench_kv_transfer_llama_8b_layout_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "kv8b.json"
-    assert main(["bench", "kv-transfer", "--device", "cpu", "--layout", "llama-8b", "--sizes", "2", "--repeats", "1",
-                 "--blocks", "consecutive",
-                 "--transports", "nixl", "--output-json", str(out)]) == 0
+    assert main([
+        "bench", "kv-transfer", "--device", "cpu", "--layout", "llama-8b", "--sizes", "2",
+        "--repeats", "1", "--blocks", "consecutive", "--transports", "nixl", "--output-json",
+        str(out)
+    ]) == 0
     doc = json.loads(out.read_text())
     assert doc["block_nbytes"] == 2 * 16 * 8 * 128 * 2  # one (layer, block) of Llama-3.1-8B: 64 KiB
     (row,) = doc["results"]
@@ -214,11 +233,11 @@ def test_bench_kv_transfer_llama_8b_layout_on_cpu(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["--transports", "cuda_ipc"], "cuda_ipc transport needs --device cuda"),
-    pytest.param(["--device", "cuda"], "needs a CUDA device",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
+    pytest.param(["--device", "cuda"], "needs a CUDA device", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this machine has a GPU")),
 ])
-def test_bench_kv_transfer_refuses_what_the_machine_cannot_do(argv: list[str], message: str,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_kv_transfer_refuses_what_the_machine_cannot_do(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "kv-transfer", "--sizes", "1", *argv]) == 2
     assert message in capsys.readouterr().err
 

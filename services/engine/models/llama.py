@@ -1,8 +1,9 @@
 """The Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
 
-Tokens of all sequences in a step are packed flat ([num_tokens, hidden]); attention reads and writes the paged
-cache through the step's AttentionMetadata. Module names mirror transformers' so checkpoints load as they are,
-and the arithmetic follows transformers' order so float32 outputs match it.
+Tokens of all sequences in a step are packed flat ([num_tokens, hidden]); attention reads and writes
+the paged cache through the step's AttentionMetadata. Module names mirror transformers' so
+checkpoints load as they are, and the arithmetic follows transformers' order so float32 outputs
+match it.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)[0]
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(RMSNorm(x + residual), x + residual): one fused kernel on CUDA, which may update residual in place."""
+    def add_and_norm(self, x: torch.Tensor,
+                     residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(x + residual), x + residual): one fused kernel on CUDA, which may update
+        residual in place."""
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
@@ -44,8 +47,9 @@ class SelfAttention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size,
-                                bias=config.model_type != "qwen2" and bool(getattr(config, "attention_bias", False)))
+        self.o_proj = nn.Linear(
+            self.num_heads * self.head_dim, config.hidden_size,
+            bias=config.model_type != "qwen2" and bool(getattr(config, "attention_bias", False)))
         if config.model_type == "qwen3":
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -86,8 +90,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                rope: RotaryEmbedding, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's MLP output, the residual stream before it): the next norm adds the two."""
+                rope: RotaryEmbedding,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it): the next norm adds the
+        two."""
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
@@ -101,7 +107,8 @@ class Backbone(nn.Module):
     def __init__(self, config: PretrainedConfig, attention: Attention) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, attention) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, attention) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -111,13 +118,15 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = Backbone(config, attention)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rope: RotaryEmbedding | None = None  # built by the loader on the real device, after weights
+        # built by the loader on the real device, after weights
+        self.rope: RotaryEmbedding | None = None
 
     def tie_weights(self) -> None:
         if getattr(self.config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.model.embed_tokens(input_ids), None
         for layer in self.model.layers:
             x, residual = layer(x, residual, positions, self.rope, meta)

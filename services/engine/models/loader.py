@@ -1,4 +1,5 @@
-"""Loads Hugging Face checkpoint folders (config.json + single or sharded safetensors) into Baton's models."""
+"""Loads Hugging Face checkpoint folders (config.json + single or sharded safetensors) into Baton's
+models."""
 from __future__ import annotations
 
 import json
@@ -33,10 +34,12 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
-def load_model(model_dir: str | Path, config: PretrainedConfig, attention: Attention, dtype: torch.dtype,
-               device: torch.device, max_positions: int) -> LlamaForCausalLM:
-    """Builds the model without initializing it (meta tensors), then fills every parameter from the checkpoint."""
-    cls = next(SUPPORTED_ARCHITECTURES[a] for a in config.architectures if a in SUPPORTED_ARCHITECTURES)
+def load_model(model_dir: str | Path, config: PretrainedConfig, attention: Attention,
+               dtype: torch.dtype, device: torch.device, max_positions: int) -> LlamaForCausalLM:
+    """Builds the model without initializing it (meta tensors), then fills every parameter from the
+    checkpoint."""
+    cls = next(SUPPORTED_ARCHITECTURES[a] for a in config.architectures
+               if a in SUPPORTED_ARCHITECTURES)
     with torch.device("meta"):
         model = cls(config, attention)
     model = model.to_empty(device=device).to(dtype)

@@ -1,7 +1,8 @@
-"""The model's elementwise operations: fused Triton kernels on CUDA, the plain torch forms elsewhere.
+"""The model's elementwise operations: fused Triton kernels on CUDA, the plain torch forms
+elsewhere.
 
-The torch forms keep transformers' order of operations, so CPU outputs match it exactly; the kernels compute in
-float32 and round once, and are checked against the same references in tests/kernels.
+The torch forms keep transformers' order of operations, so CPU outputs match it exactly; the kernels
+compute in float32 and round once, and are checked against the same references in tests/kernels.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
            positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, Hq, D], k: [T, Hkv, D] rotated by the rows `positions` of the cos/sin tables [P, D]."""
+    """q: [T, Hq, D], k: [T, Hkv, D] rotated by the rows `positions` of the cos/sin tables [P,
+    D]."""
     if _fused(q):
         from baton.kernels.rotary import apply_rotary
         apply_rotary(q, k, cos, sin, positions)  # in place: q and k are fresh projection outputs

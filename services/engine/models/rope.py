@@ -1,7 +1,8 @@
 """Rotary position embeddings, as a cos/sin table indexed by position.
 
-Inverse frequencies come from transformers' own rope initializers, so every scaling type they implement
-statically (default, linear, llama3, yarn) matches the checkpoint's reference implementation exactly.
+Inverse frequencies come from transformers' own rope initializers, so every scaling type they
+implement statically (default, linear, llama3, yarn) matches the checkpoint's reference
+implementation exactly.
 """
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         kind = rope_type(config)
         if kind in UNSUPPORTED_ROPE_TYPES:
-            raise ValueError(f"rope_type {kind!r} is not supported (position-dependent frequencies)")
+            raise ValueError(
+                f"rope_type {kind!r} is not supported (position-dependent frequencies)")
         if kind == "default":
             base = config.rope_parameters["rope_theta"]
-            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+            inv_freq = 1.0 / (base**(torch.arange(0, head_dim, 2, dtype=torch.int64).float() /
+                                     head_dim))
             scaling = 1.0
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config, torch.device("cpu"))
@@ -38,6 +41,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D]; on CUDA rotated in place by one fused kernel."""
         return ops.rotary(q, k, self.cos, self.sin, positions)

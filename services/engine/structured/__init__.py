@@ -1,1 +1,2 @@
-"""Structured outputs: JSON schemas, regexes, choices and Lark grammars enforced by token masks (llguidance)."""
+"""Structured outputs: JSON schemas, regexes, choices and Lark grammars enforced by token masks
+(llguidance)."""

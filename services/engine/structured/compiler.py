@@ -1,7 +1,8 @@
 """Compiled grammars, one per structured-output spec, in a bounded LRU cache.
 
-Compiling (building the lexer and parser tables against this model's vocabulary) is the expensive part of a
-constrained request; a fresh matcher for each sequence is a deep copy of the cached, untouched one.
+Compiling (building the lexer and parser tables against this model's vocabulary) is the expensive
+part of a constrained request; a fresh matcher for each sequence is a deep copy of the cached,
+untouched one.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from baton.services.common.sampling_params import StructuredOutput
 from baton.services.common.structured_spec import grammar_of
 
 
-def make_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_ids: frozenset[int]) -> LLTokenizer:
-    """The grammar engine's view of the vocabulary, sized like the logits (the model's vocab may exceed the
-    tokenizer's: those ids are never allowed) and with every EOS id, so a finished grammar can end the output."""
+def make_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+                   eos_ids: frozenset[int]) -> LLTokenizer:
+    """The grammar engine's view of the vocabulary, sized like the logits (the model's vocab may
+    exceed the tokenizer's: those ids are never allowed) and with every EOS id, so a finished
+    grammar can end the output."""
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_ids))
 
 
@@ -30,7 +33,8 @@ class GrammarCache:
         self.misses = 0
 
     def matcher(self, spec: StructuredOutput) -> LLMatcher:
-        """A fresh matcher at the start of spec's grammar. Raises ValueError when the spec does not compile."""
+        """A fresh matcher at the start of spec's grammar. Raises ValueError when the spec does not
+        compile."""
         base = self.compiled.get(spec)
         if base is not None:
             self.hits += 1

@@ -1,11 +1,13 @@
-"""The batch's token masks: filled by the grammar engine once per step, applied to the logits by the sampler.
+"""The batch's token masks: filled by the grammar engine once per step, applied to the logits by the
+sampler.
 
-llguidance fills one packed bitmask row per constrained sequence (32 tokens per int32). The engine asks for
-them right after launching the forward pass: on a GPU the kernels are still running while the CPU fills the
-masks, so the work is hidden without any thread. The sampler then turns the bits into -inf on the disallowed
-logits in a few tensor ops, for the whole batch at once. Measured alternatives were slower on CPU (see
-docs/benchmarks.md): a helper thread paid for GIL hand-offs every step, and llguidance's parallel executor's
-spinning workers fought torch's threads for the cores.
+llguidance fills one packed bitmask row per constrained sequence (32 tokens per int32). The engine
+asks for them right after launching the forward pass: on a GPU the kernels are still running while
+the CPU fills the masks, so the work is hidden without any thread. The sampler then turns the bits
+into -inf on the disallowed logits in a few tensor ops, for the whole batch at once. Measured
+alternatives were slower on CPU (see docs/benchmarks.md): a helper thread paid for GIL hand-offs
+every step, and llguidance's parallel executor's spinning workers fought torch's threads for the
+cores.
 """
 from __future__ import annotations
 
@@ -36,9 +38,11 @@ class BatchMasks:
         if not targets:
             return
         sources = torch.tensor([self.rows[seqs[i].request_id] for i in targets])
-        allowed = unpack(self.bitmask[sources].to(logits.device, non_blocking=True), logits.shape[1])
+        allowed = unpack(self.bitmask[sources].to(logits.device, non_blocking=True),
+                         logits.shape[1])
         index = torch.tensor(targets, device=logits.device)
-        # In place on the runner's inference-mode logits: `sample`, the only caller, runs in inference mode.
+        # In place on the runner's inference-mode logits: `sample`, the only caller, runs in
+        # inference mode.
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
@@ -52,7 +56,8 @@ class MaskBuilder:
         if not constrained:
             return None
         bitmask = torch.empty((len(constrained), self.words), dtype=torch.int32)
-        # Straight into the rows' memory: llguidance's per-row helper re-checks the tensor on every call.
+        # Straight into the rows' memory: llguidance's per-row helper re-checks the tensor on every
+        # call.
         base, row_bytes = bitmask.data_ptr(), self.words * 4
         for row, seq in enumerate(constrained):
             seq.grammar.matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)

@@ -5,8 +5,9 @@ from llguidance import LLMatcher
 
 
 class GrammarState:
-    """Advanced with every token the sequence accepts, wherever that token was sampled: tokens generated on
-    another worker (a prefill worker's first token, the tokens before a migration) are replayed into it."""
+    """Advanced with every token the sequence accepts, wherever that token was sampled: tokens
+    generated on another worker (a prefill worker's first token, the tokens before a migration) are
+    replayed into it."""
 
     def __init__(self, matcher: LLMatcher) -> None:
         self.matcher = matcher
@@ -19,10 +20,12 @@ class GrammarState:
         """Tokens generated elsewhere; raises ValueError when they do not follow the grammar."""
         for i, token in enumerate(tokens):
             if not self.advance(token):
-                raise ValueError(f"output token {i} ({token}) does not follow the structured_output grammar: "
-                                 f"{self.matcher.get_error().strip()}")
+                raise ValueError(
+                    f"output token {i} ({token}) does not follow the structured_output grammar: "
+                    f"{self.matcher.get_error().strip()}")
 
     @property
     def done(self) -> bool:
-        """The grammar admits no further token (not even one more optional character): the output is complete."""
+        """The grammar admits no further token (not even one more optional character): the output is
+        complete."""
         return self.matcher.is_stopped()

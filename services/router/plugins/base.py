@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class SchedulingRequest:
-    """One placement question. `cached_blocks` maps worker id -> leading prompt blocks that worker holds (from the
-    prefix index); `now` is read once per decision so every plugin judges staleness against the same instant."""
+    """One placement question. `cached_blocks` maps worker id -> leading prompt blocks that worker
+    holds (from the prefix index); `now` is read once per decision so every plugin judges staleness
+    against the same instant."""
     request_id: str
     prompt_tokens: int
     block_size: int
@@ -41,8 +42,9 @@ class Filter(abc.ABC):
 
 class Scorer(abc.ABC):
     name: str = "scorer"
-    # Affinity scorers rank by what a worker holds rather than how busy it is; the picker drops them when it
-    # spreads load, or a warm worker past its threshold would keep winning on its cache alone.
+    # Affinity scorers rank by what a worker holds rather than how busy it is; the picker drops them
+    # when it spreads load, or a warm worker past its threshold would keep winning on its cache
+    # alone.
     affinity: bool = False
 
     def __init__(self, weight: float) -> None:

@@ -29,7 +29,8 @@ class CircuitFilter(Filter):
 
 @register_filter
 class DrainingFilter(Filter):
-    """Drops workers being scaled down, whether the router was told (Drain) or the worker says so."""
+    """Drops workers being scaled down, whether the router was told (Drain) or the worker says
+    so."""
     name = "draining"
 
     def keep(self, request: SchedulingRequest, worker: WorkerState) -> bool:
@@ -51,5 +52,6 @@ DEFAULT_FILTERS = ("health", "circuit", "draining")
 
 
 def default_filters(roles: Iterable[Role]) -> list[Filter]:
-    # The role filter first: it is the cheapest and drops the most (the other pool), so the rest see fewer.
+    # The role filter first: it is the cheapest and drops the most (the other pool), so the rest see
+    # fewer.
     return [RoleFilter(roles), *(filter_class(name)() for name in DEFAULT_FILTERS)]

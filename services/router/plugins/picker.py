@@ -1,11 +1,12 @@
 """Chooses one worker: "sticky until saturated" prefix affinity, then the best weighted score.
 
-Affinity first, because a cache hit saves the whole prefill of the shared prefix; but only while the warm worker
-keeps up, since every router replica sends the same prefix to the same worker and it would otherwise take the whole
-burst. Past the threshold the next-warmest worker below it is tried, and when none is left the request goes where
-the load scorers alone say (with the prefix scorer in, the warm worker would win on its cache until saturated).
-Scores within `tie_tolerance` of the best are ties and one is drawn with a seeded RNG: deterministic picks among
-equals would send every replica's traffic to the same worker.
+Affinity first, because a cache hit saves the whole prefill of the shared prefix; but only while the
+warm worker keeps up, since every router replica sends the same prefix to the same worker and it
+would otherwise take the whole burst. Past the threshold the next-warmest worker below it is tried,
+and when none is left the request goes where the load scorers alone say (with the prefix scorer in,
+the warm worker would win on its cache until saturated). Scores within `tie_tolerance` of the best
+are ties and one is drawn with a seeded RNG: deterministic picks among equals would send every
+replica's traffic to the same worker.
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from baton.services.router.worker_state import SaturationLimits, WorkerState
 
 @dataclass(frozen=True)
 class StickyPolicy:
-    # Past either bound the warm worker stops attracting its prefix. Requests count as well as tokens because
-    # cache hits queue almost no prefill: a hot prefix would otherwise pile its whole burst onto one decode worker.
+    # Past either bound the warm worker stops attracting its prefix. Requests count as well as
+    # tokens because cache hits queue almost no prefill: a hot prefix would otherwise pile its whole
+    # burst onto one decode worker.
     queued_prefill_tokens: int
     inflight_requests: int
-    min_cached_fraction: float  # a prefix shorter than this share of the prompt (a common system prompt) is no reason
+    # a prefix shorter than this share of the prompt (a common system prompt) is no reason
+    min_cached_fraction: float
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,18 @@ class Picker:
         self.rng = rng
         self.tie_tolerance = tie_tolerance
 
-    def candidates(self, request: SchedulingRequest, workers: Sequence[WorkerState]) -> list[WorkerState]:
-        # One filter at a time over a shrinking list: cheaper than every filter per worker (decisions run this
-        # for every worker twice), and the same result since filters are independent predicates.
+    def candidates(self, request: SchedulingRequest,
+                   workers: Sequence[WorkerState]) -> list[WorkerState]:
+        # One filter at a time over a shrinking list: cheaper than every filter per worker
+        # (decisions run this for every worker twice), and the same result since filters are
+        # independent predicates.
         kept = list(workers)
         for f in self.filters:
             kept = [w for w in kept if f.keep(request, w)]
         return kept
 
-    def total_score(self, request: SchedulingRequest, worker: WorkerState, with_affinity: bool = True) -> float:
+    def total_score(self, request: SchedulingRequest, worker: WorkerState,
+                    with_affinity: bool = True) -> float:
         scorers = self.scorers if with_affinity else [s for s in self.scorers if not s.affinity]
         total_weight = sum(s.weight for s in scorers)
         if total_weight == 0:
@@ -66,7 +72,8 @@ class Picker:
                 and not worker.is_saturated(request.now, self.limits))
 
     def _warm(self, request: SchedulingRequest, candidates: list[WorkerState]) -> list[WorkerState]:
-        """The workers with the longest meaningful cached prefix among those still below the sticky threshold."""
+        """The workers with the longest meaningful cached prefix among those still below the sticky
+        threshold."""
         eligible = [w for w in candidates if self._keeps_affinity(request, w)]
         if not eligible:
             return []
@@ -85,9 +92,10 @@ class Picker:
             return self._best(request, unsaturated, "load", with_affinity=False)
         return self._best(request, candidates, "all_saturated", with_affinity=False)
 
-    def _best(self, request: SchedulingRequest, pool: list[WorkerState], reason: str, with_affinity: bool) -> Pick:
-        scored = sorted(((self.total_score(request, w, with_affinity), w.worker_id, w) for w in pool),
-                        key=lambda t: t[:2])
+    def _best(self, request: SchedulingRequest, pool: list[WorkerState], reason: str,
+              with_affinity: bool) -> Pick:
+        scored = sorted(((self.total_score(request, w, with_affinity), w.worker_id, w)
+                         for w in pool), key=lambda t: t[:2])
         top = scored[-1][0]
         ties = [t for t in scored if t[0] >= top - self.tie_tolerance]
         score, _, worker = ties[0] if len(ties) == 1 else self.rng.choice(ties)

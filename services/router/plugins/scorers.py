@@ -1,5 +1,5 @@
-"""Scorers, each in [0, 1] with 1 best. Load scorers give a worker with stale stats 0: the router cannot tell how
-busy it is, so it is treated as saturated rather than as idle."""
+"""Scorers, each in [0, 1] with 1 best. Load scorers give a worker with stale stats 0: the router
+cannot tell how busy it is, so it is treated as saturated rather than as idle."""
 from __future__ import annotations
 
 import abc
@@ -72,7 +72,8 @@ class QueuedPrefillTokensScorer(_LoadScorer):
 
 @register_scorer
 class InFlightRequestsScorer(_LoadScorer):
-    """Falls linearly from 1 (idle) to 0 at `saturation_requests` running, waiting or just placed requests."""
+    """Falls linearly from 1 (idle) to 0 at `saturation_requests` running, waiting or just placed
+    requests."""
     name = "inflight_requests"
 
     def __init__(self, weight: float, max_stats_age_s: float, saturation_requests: int) -> None:

@@ -1,4 +1,5 @@
-"""KV transports: how a decode worker reads a prefill worker's KV blocks (see base.py for the contract)."""
+"""KV transports: how a decode worker reads a prefill worker's KV blocks (see base.py for the
+contract)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -6,11 +7,14 @@ from typing import Literal
 import torch
 from prometheus_client import CollectorRegistry
 
-from baton.services.worker.kv_transfer.base import KVLayout, KVPeer, KVTransferError, KVTransport, TransferResult
+from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, KVTransport,
+                                                    TransferResult)
 from baton.services.worker.kv_transfer.telemetry import TransferMetrics
 
-__all__ = ["KVLayout", "KVPeer", "KVTransferError", "KVTransport", "TRANSPORT_KINDS", "TransferResult",
-           "TransportKind", "make_transport"]
+__all__ = [
+    "KVLayout", "KVPeer", "KVTransferError", "KVTransport", "TRANSPORT_KINDS", "TransferResult",
+    "TransportKind", "make_transport"
+]
 
 
 TransportKind = Literal["nixl", "grpc", "cuda_ipc"]
@@ -20,10 +24,11 @@ TRANSPORT_KINDS: tuple[str, ...] = ("nixl", "grpc", "cuda_ipc")
 def make_transport(kind: TransportKind, kv_cache: torch.Tensor, name: str, host: str, port: int,
                    registry: CollectorRegistry | None = None, metrics: bool = True,
                    ucx_tls: str | None = None) -> KVTransport:
-    """One transport over this worker's cache. `name` is the NIXL agent name (unique per worker process) and the
-    worker's id for gRPC; `port` is the NIXL metadata (or CUDA IPC handle) listener's port, or for gRPC the
-    worker's own gRPC port, which the worker's server answers PullKV on. Metrics go to `registry` (default:
-    prometheus_client's). `ucx_tls` overrides UCX_TLS for NIXL over a CUDA cache."""
+    """One transport over this worker's cache. `name` is the NIXL agent name (unique per worker
+    process) and the worker's id for gRPC; `port` is the NIXL metadata (or CUDA IPC handle)
+    listener's port, or for gRPC the worker's own gRPC port, which the worker's server answers
+    PullKV on. Metrics go to `registry` (default: prometheus_client's). `ucx_tls` overrides UCX_TLS
+    for NIXL over a CUDA cache."""
     transfer_metrics = TransferMetrics.for_registry(registry) if metrics else None
     if kind == "nixl":
         # Imported here so a worker on the gRPC transport never loads NIXL (or needs it installed).

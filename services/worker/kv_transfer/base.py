@@ -1,9 +1,10 @@
-"""The KV transport contract: how a decode worker READs a prefill worker's leased KV blocks into its own cache.
+"""The KV transport contract: how a decode worker READs a prefill worker's leased KV blocks into its
+own cache.
 
 Both workers hold a paged cache laid out [layers, blocks, 2, block_size, kv_heads, head_dim] (see
-baton.services.engine.kv_cache), so each (layer, block) is one contiguous range of `block_nbytes` bytes at
-`base_address + (layer * num_blocks + block) * block_nbytes`. A transport moves such ranges; the two caches may
-differ in their number of blocks, never in the per-block shape.
+baton.services.engine.kv_cache), so each (layer, block) is one contiguous range of `block_nbytes`
+bytes at `base_address + (layer * num_blocks + block) * block_nbytes`. A transport moves such
+ranges; the two caches may differ in their number of blocks, never in the per-block shape.
 """
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from baton.v1 import worker_pb2 as pb
 
 
 class KVTransferError(RuntimeError):
-    """A read that failed or timed out; the decode worker then recomputes the prompt (or fails, by policy).
+    """A read that failed or timed out; the decode worker then recomputes the prompt (or fails, by
+    policy).
 
     `reason` labels the failure metric and tells the caller what became of its local blocks:
-    "invalid" and "unreachable": nothing was moved; "failed": the read broke, the local blocks may hold part of it;
-    "timeout": a NIXL READ may still land after the error (UCX cannot cancel a posted READ: seen on loopback over
-    TCP with a stalled peer), so the local blocks must not be given to another request until the peer is gone.
+    "invalid" and "unreachable": nothing was moved; "failed": the read broke, the local blocks may
+    hold part of it; "timeout": a NIXL READ may still land after the error (UCX cannot cancel a
+    posted READ: seen on loopback over TCP with a stalled peer), so the local blocks must not be
+    given to another request until the peer is gone.
     """
 
     def __init__(self, message: str, reason: str = "failed") -> None:
@@ -72,7 +75,8 @@ class TransferResult:
 
 
 class KVTransport(ABC):
-    """One per worker. The prefill side only registers its cache and answers; the decode side calls `read`."""
+    """One per worker. The prefill side only registers its cache and answers; the decode side calls
+    `read`."""
 
     name: str  # "nixl", "grpc" or "cuda_ipc"
 
@@ -81,10 +85,11 @@ class KVTransport(ABC):
         """This worker's own reachability, to put in the KV handles it hands out."""
 
     @abstractmethod
-    def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int], notification: bytes,
-             timeout_s: float) -> TransferResult:
-        """Copies every layer of remote_blocks[i] into local_blocks[i]; blocking, so call it off the event loop.
-        On success the peer receives `notification` (see `take_notifications`). Raises KVTransferError."""
+    def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
+             notification: bytes, timeout_s: float) -> TransferResult:
+        """Copies every layer of remote_blocks[i] into local_blocks[i]; blocking, so call it off the
+        event loop. On success the peer receives `notification` (see `take_notifications`). Raises
+        KVTransferError."""
 
     @abstractmethod
     def take_notifications(self) -> list[bytes]:
@@ -96,35 +101,42 @@ class KVTransport(ABC):
 
 
 class KVStreamSource(ABC):
-    """The prefill side of a transport that the decode side pulls from over the worker's own gRPC port: the
-    worker's PullKV servicer streams the blocks from here, then reports the completed read."""
+    """The prefill side of a transport that the decode side pulls from over the worker's own gRPC
+    port: the worker's PullKV servicer streams the blocks from here, then reports the completed
+    read."""
 
     @abstractmethod
     def stream_blocks(self, block_ids: list[int]) -> Iterator[pb.KVChunk]:
-        """Every layer of `block_ids`, layer-major. Raises KVTransferError ("invalid") at once for an unknown
-        block id, before the stream starts."""
+        """Every layer of `block_ids`, layer-major. Raises KVTransferError ("invalid") at once for
+        an unknown block id, before the stream starts."""
 
     @abstractmethod
     def record_notification(self, msg: bytes) -> None:
         """A pull finished: `take_notifications` hands `msg` to the prefill side."""
 
 
-def check_read(local: KVLayout, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int]) -> None:
-    """Refuses, before anything moves, a read that the two layouts cannot serve. Raises KVTransferError."""
+def check_read(local: KVLayout, peer: KVPeer, remote_blocks: list[int],
+               local_blocks: list[int]) -> None:
+    """Refuses, before anything moves, a read that the two layouts cannot serve. Raises
+    KVTransferError."""
     remote = peer.layout
     if (remote.num_layers, remote.block_size, remote.block_nbytes, remote.dtype) != (
             local.num_layers, local.block_size, local.block_nbytes, local.dtype):
-        raise KVTransferError(f"peer {peer.name}'s cache layout {remote} does not match the local one {local}",
-                              "invalid")
+        raise KVTransferError(
+            f"peer {peer.name}'s cache layout {remote} does not match the local one {local}",
+            "invalid")
     if len(remote_blocks) != len(local_blocks):
-        raise KVTransferError(f"{len(remote_blocks)} remote blocks but {len(local_blocks)} local blocks", "invalid")
+        raise KVTransferError(
+            f"{len(remote_blocks)} remote blocks but {len(local_blocks)} local blocks", "invalid")
     _check_ids(remote_blocks, remote.num_blocks, f"remote block id (peer {peer.name})")
     _check_ids(local_blocks, local.num_blocks, "local block id")
     if len(set(local_blocks)) != len(local_blocks):
-        raise KVTransferError(f"local block ids {local_blocks} repeat: two blocks would land on one", "invalid")
+        raise KVTransferError(
+            f"local block ids {local_blocks} repeat: two blocks would land on one", "invalid")
 
 
 def _check_ids(ids: list[int], num_blocks: int, what: str) -> None:
     bad = [i for i in ids if not 0 <= i < num_blocks]
     if bad:
-        raise KVTransferError(f"invalid {what} {bad[0]}: the cache has blocks 0..{num_blocks - 1}", "invalid")
+        raise KVTransferError(f"invalid {what} {bad[0]}: the cache has blocks 0..{num_blocks - 1}",
+                              "invalid")

@@ -1,15 +1,18 @@
-"""Address ranges of a KV read: one (address, length, device) row per contiguous piece, on each side.
+"""Address ranges of a KV read: one (address, length, device) row per contiguous piece, on each
+side.
 
-The cache is [layers, blocks, 2, block_size, kv_heads, head_dim], so within one layer consecutive block ids are
-adjacent in memory: a run of blocks that is consecutive on both sides (remote b..b+k, local l..l+k) is one range
-per layer instead of k. A fresh prompt's blocks usually come from the allocator's free list in order, so whole
-prompts often collapse to a few runs; a fragmented cache falls back to a range per (layer, block).
+The cache is [layers, blocks, 2, block_size, kv_heads, head_dim], so within one layer consecutive
+block ids are adjacent in memory: a run of blocks that is consecutive on both sides (remote b..b+k,
+local l..l+k) is one range per layer instead of k. A fresh prompt's blocks usually come from the
+allocator's free list in order, so whole prompts often collapse to a few runs; a fragmented cache
+falls back to a range per (layer, block).
 
-Why not a block-major layout ([blocks, layers, ...], one range per block for all layers)? It would make every
-block one range even when scattered, but the attention kernels and CUDA graphs index the cache per layer
-(`kv_cache[layer]` must be one strided tensor over all blocks), and changing the engine's layout is out of
-proportion for what runs already give: with consecutive blocks the layer-major layout needs only `layers` ranges
-per run, and on one node the CUDA IPC transport gathers scattered blocks in a single kernel regardless.
+Why not a block-major layout ([blocks, layers, ...], one range per block for all layers)? It would
+make every block one range even when scattered, but the attention kernels and CUDA graphs index the
+cache per layer (`kv_cache[layer]` must be one strided tensor over all blocks), and changing the
+engine's layout is out of proportion for what runs already give: with consecutive blocks the
+layer-major layout needs only `layers` ranges per run, and on one node the CUDA IPC transport
+gathers scattered blocks in a single kernel regardless.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from baton.services.worker.kv_transfer.base import KVLayout
 
 
 def block_runs(remote_blocks: list[int], local_blocks: list[int]) -> list[tuple[int, int, int]]:
-    """(remote_start, local_start, length) of the maximal runs, in order, where both sides step by +1."""
+    """(remote_start, local_start, length) of the maximal runs, in order, where both sides step by
+    +1."""
     runs: list[tuple[int, int, int]] = []
     for remote, local in zip(remote_blocks, local_blocks):
         if runs:
@@ -31,8 +35,10 @@ def block_runs(remote_blocks: list[int], local_blocks: list[int]) -> list[tuple[
     return runs
 
 
-def run_table(layout: KVLayout, starts: list[int], lengths: list[int], device_id: int) -> np.ndarray:
-    """(address, length, device) per (layer, run), layer-major, for runs starting at block `starts[i]`."""
+def run_table(layout: KVLayout, starts: list[int], lengths: list[int],
+              device_id: int) -> np.ndarray:
+    """(address, length, device) per (layer, run), layer-major, for runs starting at block
+    `starts[i]`."""
     starts_arr = np.asarray(starts, dtype=np.uint64)
     lengths_arr = np.asarray(lengths, dtype=np.uint64)
     layer_offsets = np.arange(layout.num_layers, dtype=np.uint64) * np.uint64(layout.num_blocks)
@@ -44,10 +50,11 @@ def run_table(layout: KVLayout, starts: list[int], lengths: list[int], device_id
     return table
 
 
-def coalesced_tables(local: KVLayout, remote: KVLayout, remote_blocks: list[int], local_blocks: list[int],
-                     local_device: int, remote_device: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The local and remote range tables of a read with its runs merged, or None when no two blocks merge
-    (then the prepared per-(layer, block) lists serve it without building anything)."""
+def coalesced_tables(local: KVLayout, remote: KVLayout, remote_blocks: list[int],
+                     local_blocks: list[int], local_device: int,
+                     remote_device: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The local and remote range tables of a read with its runs merged, or None when no two blocks
+    merge (then the prepared per-(layer, block) lists serve it without building anything)."""
     runs = block_runs(remote_blocks, local_blocks)
     if len(runs) == len(remote_blocks):
         return None

@@ -1,15 +1,18 @@
-"""Finding NIXL and preparing UCX for it: which wheel (per CUDA major), and UCX's settings for GPU memory.
+"""Finding NIXL and preparing UCX for it: which wheel (per CUDA major), and UCX's settings for GPU
+memory.
 
-NIXL ships as `nixl` (a meta package) or as one wheel per CUDA major, `nixl_cu12` / `nixl_cu13`; install the one
-that matches the driver's CUDA (`pip install baton[cu12]` or `baton[cu13]`). A wheel that is present but cannot
-load (a missing libnixl.so in its hidden `.nixl_cu1X.mesonpy.libs/`, a CUDA runtime of the wrong major) must say
+NIXL ships as `nixl` (a meta package) or as one wheel per CUDA major, `nixl_cu12` / `nixl_cu13`;
+install the one that matches the driver's CUDA (`pip install baton[cu12]` or `baton[cu13]`). A wheel
+that is present but cannot load (a missing libnixl.so in its hidden `.nixl_cu1X.mesonpy.libs/`, a
+CUDA runtime of the wrong major) must say
 so: that error, not "not installed", is what an operator needs to see.
 
-For GPU memory, UCX needs its CUDA transports, which these wheels bundle as modules in `nixl_cu1X.libs/ucx/` but
-which UCX does not find on its own (ai-dynamo/nixl#1628: VRAM is then "detected as host" or moved by "software
-emulation over tcp/lo"). `configure_ucx_for_cuda` points UCX_MODULE_DIR there and names the transports. tcp stays
-in UCX_TLS: UCX needs a transport that can connect endpoints from a worker address (cuda_ipc and sm alone cannot),
-which is why `cuda_ipc,cuda_copy,sm,self` failed to create the agent; UCX still moves VRAM over cuda_ipc.
+For GPU memory, UCX needs its CUDA transports, which these wheels bundle as modules in
+`nixl_cu1X.libs/ucx/` but which UCX does not find on its own (ai-dynamo/nixl#1628: VRAM is then
+"detected as host" or moved by "software emulation over tcp/lo"). `configure_ucx_for_cuda` points
+UCX_MODULE_DIR there and names the transports. tcp stays in UCX_TLS: UCX needs a transport that can
+connect endpoints from a worker address (cuda_ipc and sm alone cannot), which is why
+`cuda_ipc,cuda_copy,sm,self` failed to create the agent; UCX still moves VRAM over cuda_ipc.
 """
 from __future__ import annotations
 
@@ -22,16 +25,19 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# The meta package, then the per-CUDA-major wheels (reordered by `search_order` for torch's CUDA build).
+# The meta package, then the per-CUDA-major wheels (reordered by `search_order` for torch's CUDA
+# build).
 NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
-# cuda_ipc: same-node GPU to GPU; cuda_copy: staging and host<->GPU; sm/self: host memory; tcp: wire-up (and the
-# path between nodes when there is no RDMA; add rc or ib for GPUDirect RDMA across nodes).
+# cuda_ipc: same-node GPU to GPU; cuda_copy: staging and host<->GPU; sm/self: host memory; tcp:
+# wire-up (and the path between nodes when there is no RDMA; add rc or ib for GPUDirect RDMA across
+# nodes).
 CUDA_UCX_TLS = "cuda_ipc,cuda_copy,sm,tcp,self"
 
 
 def search_order(cuda_version: str | None) -> tuple[str, ...]:
-    """NIXL_MODULES with the wheel of torch's CUDA major first (both may be installed: the default install carries
-    nixl-cu12, baton[cu13] adds nixl-cu13); a CPU build of torch keeps the default order."""
+    """NIXL_MODULES with the wheel of torch's CUDA major first (both may be installed: the default
+    install carries nixl-cu12, baton[cu13] adds nixl-cu13); a CPU build of torch keeps the default
+    order."""
     major = (cuda_version or "").split(".")[0]
     preferred = f"nixl_cu{major}"
     if preferred not in NIXL_MODULES:
@@ -40,8 +46,9 @@ def search_order(cuda_version: str | None) -> tuple[str, ...]:
 
 
 def load_nixl() -> tuple[Any, Any]:
-    """nixl_agent and nixl_agent_config from the first NIXL package present. Raises ImportError that names the
-    real cause when a package is present but fails to load, and the install command when none is present."""
+    """nixl_agent and nixl_agent_config from the first NIXL package present. Raises ImportError that
+    names the real cause when a package is present but fails to load, and the install command when
+    none is present."""
     import torch
 
     failures: list[str] = []
@@ -56,12 +63,14 @@ def load_nixl() -> tuple[Any, Any]:
         return api.nixl_agent, api.nixl_agent_config
     if failures:
         raise ImportError("NIXL is installed but does not load: " + "; ".join(failures))
-    raise ImportError("NIXL is not installed: pip install 'baton[cu12]' or 'baton[cu13]' (the wheel matching the "
-                      "CUDA major of the driver; nvidia-smi shows it), or nixl-cu12 / nixl-cu13 directly")
+    raise ImportError(
+        "NIXL is not installed: pip install 'baton[cu12]' or 'baton[cu13]' (the wheel matching the "
+        "CUDA major of the driver; nvidia-smi shows it), or nixl-cu12 / nixl-cu13 directly")
 
 
 def _describe(error: BaseException) -> str:
-    """The error and its chain: the binding's own ImportError often wraps the dlopen failure that matters."""
+    """The error and its chain: the binding's own ImportError often wraps the dlopen failure that
+    matters."""
     parts, seen = [], set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -86,11 +95,14 @@ def bundled_ucx_module_dir() -> Path | None:
     return None
 
 
-def configure_ucx_for_cuda(ucx_tls: str | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Sets UCX's environment for VRAM before NIXL first loads UCX (UCX reads it once per process). Values the
-    operator already set are kept, except that an explicit `ucx_tls` (a Baton setting) wins. Returns what it set."""
+def configure_ucx_for_cuda(ucx_tls: str | None = None,
+                           environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Sets UCX's environment for VRAM before NIXL first loads UCX (UCX reads it once per process).
+    Values the operator already set are kept, except that an explicit `ucx_tls` (a Baton setting)
+    wins. Returns what it set."""
     env = os.environ if environ is None else environ
-    wanted = {"UCX_MEMTYPE_CACHE": "n"}  # registered memory carries its type; a stale cache misclassifies VRAM
+    # registered memory carries its type; a stale cache misclassifies VRAM
+    wanted = {"UCX_MEMTYPE_CACHE": "n"}
     module_dir = bundled_ucx_module_dir()
     if module_dir is not None:
         wanted["UCX_MODULE_DIR"] = str(module_dir)
