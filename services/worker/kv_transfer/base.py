@@ -67,8 +67,8 @@ class KVPeer:
 
 @dataclass(frozen=True)
 class KVHandle:
-    """Where a decode worker reads a prompt's KV from: the prefill worker's leased blocks, and how to
-    reach them (the fields of the KVHandle message, by the same names)."""
+    """Where a decode worker reads a prompt's KV from: the prefill worker's leased blocks, and how
+    to reach them (the fields of the KVHandle message, by the same names)."""
     request_id: str
     worker_id: str
     worker_address: str  # host:port of the prefill worker's gRPC service (leases, PullKV)
@@ -80,7 +80,8 @@ class KVHandle:
     block_ids: tuple[int, ...]
     num_tokens: int  # prompt tokens whose KV the blocks hold
     expires_at_unix_ms: int
-    block_hashes: tuple[int, ...]  # prefix-cache keys of the full blocks, so the decode side can skip hits
+    # Prefix-cache keys of the full blocks, so the decode side can skip hits.
+    block_hashes: tuple[int, ...]
 
 
 def kv_handle_to_proto(handle: KVHandle) -> pb.KVHandle:
