@@ -20,8 +20,7 @@ from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.handoff import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, KVTransport,
-                                                    layout_from_proto)
+from baton.services.worker.kv_transfer.base import KVHandle, KVPeer, KVTransferError, KVTransport
 from baton.services.worker.metrics import WorkerMetrics
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -44,7 +43,7 @@ class TransferFailed(RuntimeError):
 @dataclass(frozen=True)
 class KVHandoff:
     """What a decode worker gets with a prefilled request: where its KV is, and the first token."""
-    handle: pb.KVHandle
+    handle: KVHandle
     first_token_id: int
     first_logprob: TokenLogprobs | None
 
@@ -56,9 +55,8 @@ class Served:
     kv_source: str  # "local", "transfer" or "recompute"
 
 
-def peer_of(handle: pb.KVHandle) -> KVPeer:
-    return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port,
-                  layout_from_proto(handle.layout))
+def peer_of(handle: KVHandle) -> KVPeer:
+    return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port, handle.layout)
 
 
 class DecodeSide:
@@ -143,8 +141,7 @@ class DecodeSide:
                 return reservation
             await asyncio.sleep(RESERVE_RETRY_SECONDS)
 
-    async def _pull(self, request_id: str, handle: pb.KVHandle, blocks: list[int],
-                    hits: int) -> None:
+    async def _pull(self, request_id: str, handle: KVHandle, blocks: list[int], hits: int) -> None:
         if handle.transport != self.transport.name:
             raise KVTransferError(
                 f"the handle is for the {handle.transport!r} transport; this worker uses "
@@ -161,7 +158,7 @@ class DecodeSide:
         await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local,
                                 request_id.encode(), self.config.transfer_timeout_seconds)
 
-    async def _fall_back(self, request: EngineRequest, handle: pb.KVHandle,
+    async def _fall_back(self, request: EngineRequest, handle: KVHandle,
                          error: KVTransferError) -> tuple[str, RequestOutput | None]:
         request_id = request.request_id
         policy = self.config.transfer_failure_policy
@@ -181,7 +178,7 @@ class DecodeSide:
                 grpc.aio.insecure_channel(address))
         return stub
 
-    async def _confirm_lease(self, handle: pb.KVHandle) -> None:
+    async def _confirm_lease(self, handle: KVHandle) -> None:
         """Extends the lease before reading: a one-sided NIXL READ cannot tell live blocks from
         reused ones, so a handle is checked (and kept alive for the read) first. An unreachable
         prefill worker is left to the pull's failure path, which recomputes."""
@@ -195,7 +192,7 @@ class DecodeSide:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 raise HandleNotFound(e.details()) from None
 
-    async def _release_remote(self, handle: pb.KVHandle) -> None:
+    async def _release_remote(self, handle: KVHandle) -> None:
         """Best effort: a dead prefill worker's blocks are gone anyway, and a live one's lease
         expires."""
         try:

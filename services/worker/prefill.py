@@ -11,10 +11,9 @@ from baton.services.common.outputs import RequestOutput
 from baton.services.engine.handoff import EngineRequest, HeldKV
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_transfer.base import KVTransport, layout_to_proto
+from baton.services.worker.kv_transfer.base import KVHandle, KVTransport
 from baton.services.worker.leases import LeaseTable
 from baton.services.worker.metrics import WorkerMetrics
-from baton.v1 import worker_pb2 as pb
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_SECONDS = 0.05
@@ -29,7 +28,7 @@ class Prefilled:
     """A prefill's outcome: its one output, and the KV handle when the answer goes on elsewhere
     (None when it ended here)."""
     output: RequestOutput
-    kv_handle: pb.KVHandle | None
+    kv_handle: KVHandle | None
 
 
 class PrefillSide:
@@ -73,14 +72,14 @@ class PrefillSide:
                                            lease.expires_at))
 
     def _handle(self, request_id: str, held: HeldKV, num_tokens: int,
-                expires_at: float) -> pb.KVHandle:
+                expires_at: float) -> KVHandle:
         peer = self.transport.local_peer()
-        return pb.KVHandle(request_id=request_id, worker_id=self.worker_id,
-                           worker_address=self.address, transport=self.transport.name,
-                           agent_name=peer.name, agent_host=peer.host, agent_port=peer.port,
-                           layout=layout_to_proto(peer.layout), block_ids=held.block_ids,
-                           num_tokens=num_tokens, expires_at_unix_ms=int(expires_at * 1000),
-                           block_hashes=held.block_hashes)
+        return KVHandle(request_id=request_id, worker_id=self.worker_id,
+                        worker_address=self.address, transport=self.transport.name,
+                        agent_name=peer.name, agent_host=peer.host, agent_port=peer.port,
+                        layout=peer.layout, block_ids=tuple(held.block_ids), num_tokens=num_tokens,
+                        expires_at_unix_ms=int(expires_at * 1000),
+                        block_hashes=tuple(held.block_hashes))
 
     async def leased_blocks(self, request_id: str, block_ids: list[int]) -> list[int]:
         """The blocks of a live lease that a pull asks for; raises UnknownHandle otherwise."""

@@ -23,7 +23,8 @@ from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide, HandleNotFound, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
-from baton.services.worker.kv_transfer.base import KVStreamSource, KVTransferError
+from baton.services.worker.kv_transfer.base import (KVStreamSource, KVTransferError,
+                                                    kv_handle_from_proto, kv_handle_to_proto)
 from baton.services.worker.prefill import PrefillSide, UnknownHandle
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -99,7 +100,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                                           "baton.prompt_tokens": len(prompt)}):
                 done = await self.prefill_side.prefill(
                     self._request(request_id, request.meta, prompt, request.params))
-                return prefill_to_proto(done.output, done.kv_handle)
+                handle = done.kv_handle
+                return prefill_to_proto(done.output,
+                                        None if handle is None else kv_handle_to_proto(handle))
         except ValueError as e:
             log.info("request %s: prefill refused: %s", request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -114,7 +117,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if request.HasField("kv_handle"):
             first_lp = logprob_from_proto(
                 request.first_logprob) if request.HasField("first_logprob") else None
-            handoff = KVHandoff(request.kv_handle, request.first_token_id, first_lp)
+            handoff = KVHandoff(kv_handle_from_proto(request.kv_handle), request.first_token_id,
+                                first_lp)
         self._enter()
         try:
             with tracer.start_as_current_span("decode", context=_trace_context(context),

@@ -69,6 +69,38 @@ class KVPeer:
 
 
 @dataclass(frozen=True)
+class KVHandle:
+    """Where a decode worker reads a prompt's KV from: the prefill worker's leased blocks, and how
+    to reach them (the fields of the KVHandle message, by the same names)."""
+    request_id: str
+    worker_id: str
+    worker_address: str  # host:port of the prefill worker's gRPC service (leases, PullKV)
+    transport: str  # "nixl" or "grpc"
+    agent_name: str  # NIXL agent name
+    agent_host: str  # where the NIXL agent's metadata listener is
+    agent_port: int
+    layout: KVLayout
+    block_ids: tuple[int, ...]
+    num_tokens: int  # prompt tokens whose KV the blocks hold
+    expires_at_unix_ms: int
+    # Prefix-cache keys of the full blocks, so the decode side can skip hits.
+    block_hashes: tuple[int, ...]
+
+
+def kv_handle_to_proto(handle: KVHandle) -> pb.KVHandle:
+    values = {f.name: getattr(handle, f.name) for f in fields(KVHandle)}
+    return pb.KVHandle(**values | {"layout": layout_to_proto(handle.layout)})
+
+
+def kv_handle_from_proto(message: pb.KVHandle) -> KVHandle:
+    """Field by field, by name, like the layout; a test in tests/proto holds the fields equal."""
+    values = {f.name: getattr(message, f.name) for f in fields(KVHandle)}
+    return KVHandle(**values | {"layout": layout_from_proto(message.layout),
+                                "block_ids": tuple(message.block_ids),
+                                "block_hashes": tuple(message.block_hashes)})
+
+
+@dataclass(frozen=True)
 class TransferResult:
     num_bytes: int
     seconds: float
