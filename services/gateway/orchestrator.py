@@ -135,8 +135,8 @@ class Orchestrator:
                        placed_at: float) -> None:
         request = router_pb2.ReleaseRequest(lease_id=placement.lease_id, output_tokens=len(progress.tokens),
                                             failed_worker_id=failed)
-        # The router learns prefill rates from placement to first token of a fresh prefill, so only the
-        # placement the first token came on reports it: a later one recomputed prompt and tokens so far.
+        # The router learns prefill rates from placement to first token of a fresh prefill, so only
+        # the placement the first token came on reports it (a later one recomputed the stream).
         first = progress.first_token_at
         if first is not None and first >= placed_at:
             request.observed_ttft_ms = round((first - placed_at) * 1000)

@@ -75,8 +75,9 @@ class RouterMetrics:
                                     ["priority"], buckets=_QUEUE_BUCKETS, registry=registry)
         self.observed_ttft = Histogram(
             "baton_router_observed_ttft_seconds",
-            "Placement to first token as gateways reported it on release, by the worker that prefilled "
-            "(what the TTFT predictor learns from)", ["worker"], buckets=_TTFT_BUCKETS, registry=registry)
+            "Placement to first token as gateways reported it on release, by the worker that "
+            "prefilled (what the TTFT predictor learns from)", ["worker"], buckets=_TTFT_BUCKETS,
+            registry=registry)
 
     def watch_workers(self, rows: Callable[[], Iterable[WorkerLoadRow]]) -> None:
         self.registry.register(_WorkerLoadCollector(rows))

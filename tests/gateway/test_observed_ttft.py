@@ -1,5 +1,6 @@
-"""The router's TTFT predictor learns from real requests: each choice's release through the gateway
-carries the time from placement to its first token, which the router exports per prefilling worker."""
+"""The router's TTFT predictor learns from real requests: each choice's release through the
+gateway carries the time from placement to its first token, which the router exports per
+prefilling worker."""
 from __future__ import annotations
 
 from tests.launcher import metric, wait_for

@@ -1,6 +1,6 @@
-"""What the orchestrator tells the router on release: the observed TTFT (placement to first token) only
-for the placement a fresh prefill produced the first token on, never for one that recomputed a migrated
-stream, and never where no first token came."""
+"""What the orchestrator tells the router on release: the observed TTFT (placement to first
+token) only for the placement a fresh prefill produced the first token on, never for one that
+recomputed a migrated stream, and never where no first token came."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -24,7 +24,8 @@ class FakeRouter:
         return router_pb2.Placement(request_id=request.request_id, lease_id=f"lease-{self.placed}",
                                     decode_worker_id=f"d{self.placed}", decode_address="unused")
 
-    async def Release(self, request: router_pb2.ReleaseRequest, timeout: float) -> router_pb2.ReleaseResponse:
+    async def Release(self, request: router_pb2.ReleaseRequest,
+                      timeout: float) -> router_pb2.ReleaseResponse:
         self.releases.append(request)
         return router_pb2.ReleaseResponse()
 
@@ -36,7 +37,8 @@ def scripted(*attempts: tuple[int, bool]):
     async def attempt(choice, placement, tokens) -> AsyncIterator[worker_pb2.GenerateResponse]:
         count, lost = next(plan)
         for i in range(count):
-            yield worker_pb2.GenerateResponse(token_ids=[i + 1], finished=i == count - 1 and not lost)
+            last = i == count - 1 and not lost
+            yield worker_pb2.GenerateResponse(token_ids=[i + 1], finished=last)
         if lost:
             raise LOST
 
@@ -47,7 +49,8 @@ async def serve(*attempts: tuple[int, bool]) -> list[router_pb2.ReleaseRequest]:
     orchestrator = Orchestrator("127.0.0.1:1", max_migrations=1)
     orchestrator.router = router = FakeRouter()
     orchestrator._attempt = scripted(*attempts)
-    choice = ChoiceRequest("r", [1, 2, 3], worker_pb2.SamplingParams(max_tokens=4), "t", 0, "", None, None)
+    params = worker_pb2.SamplingParams(max_tokens=4)
+    choice = ChoiceRequest("r", [1, 2, 3], params, "t", 0, "", None, None)
     try:
         async for _ in orchestrator.run(choice, ChoiceProgress()):
             pass
@@ -76,7 +79,7 @@ async def test_a_migrated_stream_reports_only_the_first_placements_ttft() -> Non
 
 @pytest.mark.asyncio
 async def test_no_ttft_without_a_first_token_on_the_placement() -> None:
-    # Lost before any token: the next placement prefills afresh, so its first token is a clean sample.
+    # Lost before any token: the next placement prefills afresh, its first token a clean sample.
     lost, fresh = await serve((0, True), (3, False))
     assert ttfts([lost]) == [None] and fresh.HasField("observed_ttft_ms")
     # Lost before any token with no migration left: nothing to report.
