@@ -98,6 +98,7 @@ class Orchestrator:
         """Yields the choice's messages in order. Raises Refused, or grpc.aio.AioRpcError when the
         stream broke and may not move (migration off or used up)."""
         placement = await self.place(choice, [])
+        placed_at = time.monotonic()
         failed_worker = ""
         try:
             while True:
@@ -119,13 +120,14 @@ class Orchestrator:
                                 e.code().name)
                     # released once, even if the new place() fails
                     released, placement = placement, None
-                    await self._release(released, progress, failed_worker)
+                    await self._release(released, progress, failed_worker, placed_at)
                     progress.migrations += 1
                     placement = await self.place(choice, progress.tokens)
+                    placed_at = time.monotonic()
                     failed_worker = ""
         finally:
             if placement is not None:
-                await asyncio.shield(self._release(placement, progress, failed_worker))
+                await asyncio.shield(self._release(placement, progress, failed_worker, placed_at))
 
     def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement,
                  tokens: list[int]) -> AsyncIterator[worker_pb2.GenerateResponse]:
@@ -143,11 +145,16 @@ class Orchestrator:
         prefill = self.worker(placement.prefill_address) if remote else None
         return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata)
 
-    async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress,
-                       failed: str) -> None:
+    async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str,
+                       placed_at: float) -> None:
         request = router_pb2.ReleaseRequest(lease_id=placement.lease_id,
                                             output_tokens=len(progress.tokens),
                                             failed_worker_id=failed)
+        # The router learns prefill rates from placement to first token of a fresh prefill, so only
+        # the placement the first token came on reports it (a later one recomputed the stream).
+        first = progress.first_token_at
+        if first is not None and first >= placed_at:
+            request.observed_ttft_ms = round((first - placed_at) * 1000)
         try:
             await self.router.Release(request, timeout=5)
         except grpc.aio.AioRpcError as e:  # the lease expires on the router's side anyway

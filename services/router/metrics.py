@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from baton.services.router.rejections import RejectReason
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -80,6 +81,11 @@ class RouterMetrics:
         self.queue_time = Histogram("baton_router_queue_time_seconds",
                                     "Time placed requests waited in the queue", ["priority"],
                                     buckets=_QUEUE_BUCKETS, registry=registry)
+        self.observed_ttft = Histogram(
+            "baton_router_observed_ttft_seconds",
+            "Placement to first token as gateways reported it on release, by the worker that "
+            "prefilled (what the TTFT predictor learns from)", ["worker"], buckets=_TTFT_BUCKETS,
+            registry=registry)
 
     def watch_workers(self, rows: Callable[[], Iterable[WorkerLoadRow]]) -> None:
         self.registry.register(_WorkerLoadCollector(rows))

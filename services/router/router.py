@@ -218,6 +218,7 @@ class Router:
             if self._workers.pop(worker_id, None) is not None:
                 self.index.remove_worker(worker_id)
                 self.predictor.forget(worker_id)
+                self.metrics.observed_ttft.remove(worker_id)
 
     def members(self) -> list[str]:
         """Ids of the workers known now (registered, static or discovered)."""
@@ -513,6 +514,7 @@ class Router:
                     worker.breaker.record_success()
             computing = lease.prefill_id or lease.decode_id
             if observed_ttft_s is not None and failed_worker_id is None:
+                self.metrics.observed_ttft.labels(computing).observe(observed_ttft_s)
                 self.predictor.observe(computing, lease.queued_ahead_tokens, lease.uncached_tokens,
                                        observed_ttft_s)
             if output_tokens is not None:

@@ -241,6 +241,26 @@ def test_worker_load_is_exported():
                                      {"worker": "d0"}) == 1.5
 
 
+
+def test_reported_ttft_teaches_the_predictor_and_is_exported():
+    router, clock, _, registry = make_router()
+    add(router, clock, "d0")
+    first = router.place(PlaceRequest("r1", PROMPT))
+    assert first.predicted_ttft_s == pytest.approx(2048 / 10_000)
+    router.release(first.lease_id, observed_ttft_s=2048 / 5_000)  # the worker is half as fast
+    failed = router.place(PlaceRequest("r2", PROMPT[::-1]))
+    router.release(failed.lease_id, observed_ttft_s=9.0, failed_worker_id="d0")  # not a rate sample
+    # EWMA (alpha 0.2) from 10k tok/s towards the 5k the release showed.
+    fresh = list(range(5000, 6024))
+    assert router.place(PlaceRequest("r3", fresh)).predicted_ttft_s == pytest.approx(1024 / 9_000)
+    count = {"worker": "d0"}
+    assert registry.get_sample_value("baton_router_observed_ttft_seconds_count", count) == 1
+    total = registry.get_sample_value("baton_router_observed_ttft_seconds_sum", count)
+    assert total == pytest.approx(0.4096)
+    router.remove_worker("d0")
+    assert registry.get_sample_value("baton_router_observed_ttft_seconds_count", count) is None
+
+
 HERD_SETTINGS: dict = {}
 
 
