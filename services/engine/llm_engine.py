@@ -10,12 +10,12 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from baton.loadtest.sim.runner import SimulatedRunner
+from baton.services.common.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.common.model_config import context_length, load_config
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.block_manager import BlockEvent, BlockManager
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.handoff import EngineRequest, HandoffTable, HeldKV
 from baton.services.engine.model_runner import ModelRunner

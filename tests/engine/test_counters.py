@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from baton.services.common.decode_cost import DecodeCostModel
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.decode_cost import DecodeCostModel
 from baton.services.engine.llm_engine import LLMEngine
 
 
