@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from baton.loadtest.sim.replay import quantile
-from baton.services.cli.bench_router import _table
+from baton.services.cli.tables import table
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 
 _ZERO_STEP = ["--engine", "sim", "--sim-step-base-seconds", "0", "--sim-decode-seconds-per-sequence", "0",
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for service in started:
             service.terminate()
-    print(_table(rows))
+    print(table(rows))
     if args.output_json is not None:
         doc = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"}, "load_average": load,
                "cpus": os.cpu_count(), "results": rows}
