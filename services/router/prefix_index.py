@@ -15,7 +15,7 @@ replayed into the approximate index, so the worker is answered as if its placeme
 Each hash's holders are an int bitmask over worker slots rather than a set of ids: millions of small sets made
 every full garbage collection walk them all (pauses of hundreds of milliseconds), and ints are not GC-tracked.
 
-Hashes come from baton.services.engine.block_hash (the caller computes them with the tenant's salt), so the index
+Hashes come from baton.services.common.block_hash (the caller computes them with the tenant's salt), so the index
 only ever compares opaque 64-bit keys.
 """
 from __future__ import annotations
