@@ -33,7 +33,8 @@ SERVICE_NAME = "baton.v1.Worker"
 
 async def serve(config: WorkerConfig, engine_config: EngineConfig,
                 sim_runner: SimRunnerFactory | None = None) -> int:
-    """sim_runner: the runner under engine=sim, from the command (LLMEngine's)."""
+    """sim_runner: builds the engine's runner under engine=sim (see LLMEngine); the command
+    supplies it."""
     setup_tracing(f"baton-worker-{config.role}")
     engine = LLMEngine(engine_config, sim_runner=sim_runner)
     engine.record_block_events()

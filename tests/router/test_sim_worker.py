@@ -35,6 +35,11 @@ def test_sim_engine_is_deterministic_and_caches_prefixes(sim_config):
     assert any(kind == "stored" for kind, _ in engine.blocks.events)
 
 
+def test_the_sim_engine_takes_its_runner_from_the_caller(sim_config):
+    with pytest.raises(ValueError, match="engine=sim needs a sim_runner"):
+        LLMEngine(sim_config)
+
+
 def test_sim_cost_model_terms(sim_config):
     config = sim_config.model_copy(update=dict(sim_step_base_seconds=0.001, sim_prefill_tokens_per_second=1000.0,
                                                sim_decode_seconds_per_sequence=0.01))
