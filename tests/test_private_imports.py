@@ -1,6 +1,6 @@
 """Tests use public names: no test imports an underscored name from baton or from another test
-module. And one launcher: only tests/launcher.py starts service processes; the other tests ask
-it."""
+module, and no module of baton imports one from another. And one launcher: only tests/launcher.py
+starts service processes; the other tests ask it."""
 from __future__ import annotations
 
 import ast
@@ -35,6 +35,11 @@ def private_imports(root: Path) -> list[str]:
 
 def test_no_test_imports_a_private_name() -> None:
     assert private_imports(TESTS) == []
+
+
+def test_no_baton_module_imports_a_private_name() -> None:
+    for package in ("services", "loadtest"):
+        assert private_imports(TESTS.parent / package) == []
 
 
 def test_only_the_launcher_starts_services() -> None:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from baton.loadtest.sim.runner import SimulatedRunner
 from baton.loadtest.stats import prefix_reuse_bound
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import scaled_trace
@@ -110,9 +111,8 @@ class Replay:
         self.ttft_slo_s = ttft_slo_s
         self.stats_interval_s = stats_interval_s
         self.clock = _Clock()
-        self.workers = [
-            _SimWorker(f"sim-{i}", LLMEngine(engine_config)) for i in range(num_workers)
-        ]
+        self.workers = [_SimWorker(f"sim-{i}", LLMEngine(engine_config, sim_runner=SimulatedRunner))
+                        for i in range(num_workers)]
         for w in self.workers:
             w.engine.blocks.record_events = True
             # time is the virtual clock's, advanced per step

@@ -25,6 +25,7 @@ from baton.services.cli import bench_decode_step, bench_isolation, bench_overloa
 from baton.services.cli.bench_gateway import register as register_gateway
 from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
 from baton.services.cli.bench_router import register as register_router
+from baton.services.cli.engine_runner import sim_runner_for
 from baton.services.common.model_config import load_config
 from baton.services.common.sampling_params import StructuredOutput
 from baton.services.common.settings import add_settings_arguments, settings_from_args
@@ -145,9 +146,9 @@ def _engine(args: argparse.Namespace, requests: list[Request]) -> LLMEngine:
     allows."""
     config = settings_from_args(EngineConfig, args)
     if config.num_kv_blocks is not None or config.kv_cache_memory_gib is not None:
-        return LLMEngine(config)
+        return LLMEngine(config, sim_runner=sim_runner_for(config))
     wanted = kv_blocks_for(requests, config.block_size)
-    engine = LLMEngine(config, kv_blocks_wanted=wanted)
+    engine = LLMEngine(config, kv_blocks_wanted=wanted, sim_runner=sim_runner_for(config))
     if engine.runner.num_blocks < wanted:
         print(
             f"KV cache capped at the memory budget: {engine.runner.num_blocks} of the {wanted} "

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from baton.loadtest.sim.replay import quantile
-from baton.services.cli.bench_router import _table
+from baton.services.cli.tables import table
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 
 _ZERO_STEP = [
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for service in started:
             service.terminate()
-    print(_table(rows))
+    print(table(rows))
     if args.output_json is not None:
         doc = {
             "args": {k: str(v)

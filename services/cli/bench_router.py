@@ -20,8 +20,9 @@ from pathlib import Path
 
 from baton.loadtest.sim.overload import bench_overload
 from baton.loadtest.sim.replay import quantile
+from baton.services.cli.tables import table
+from baton.services.common.block_hash import block_hashes
 from baton.services.common.roles import Role
-from baton.services.engine.block_hash import block_hashes
 from baton.services.router.config import RouterConfig
 from baton.services.router.router import Placement, PlaceRequest, Router
 
@@ -61,19 +62,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _table(rows: list[dict]) -> str:
-    keys = list(rows[0])
-    cells = [[f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
     rows = {"decisions": bench_decisions, "grpc": bench_grpc, "replay": bench_replay,
             "overload": bench_overload}[args.mode](args)
-    print(_table(rows))
+    print(table(rows))
     if args.output_json is not None:
         doc = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"}, "results": rows}
         args.output_json.write_text(json.dumps(doc, indent=2) + "\n")

@@ -13,6 +13,7 @@ import sys
 import uuid
 from typing import Any
 
+from baton.services.cli.engine_runner import sim_runner_for
 from baton.services.common.openai_protocol import ProtocolError
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.config import EngineConfig
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             results.append(None)  # filled from the engine's results below
             requests.append(parsed)
-    engine = LLMEngine(settings_from_args(EngineConfig, args))
+    engine_config = settings_from_args(EngineConfig, args)
+    engine = LLMEngine(engine_config, sim_runner=sim_runner_for(engine_config))
     served = iter(run_requests(engine, requests))
     results = [next(served) if r is None else r for r in results]
     with open(args.output_file, "w", encoding="utf-8") as out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from baton.services.cli.engine_runner import sim_runner_for
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.config import EngineConfig
 from baton.services.worker.config import WorkerConfig
@@ -24,5 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from baton.services.worker.server import serve  # heavy imports only when the command runs
 
-    return asyncio.run(
-        serve(settings_from_args(WorkerConfig, args), settings_from_args(EngineConfig, args)))
+    engine_config = settings_from_args(EngineConfig, args)
+    return asyncio.run(serve(settings_from_args(WorkerConfig, args), engine_config,
+                             sim_runner_for(engine_config)))

@@ -9,16 +9,16 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from baton.loadtest.sim.runner import SimulatedRunner
+from baton.services.common.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.common.model_config import context_length, load_config
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.block_manager import BlockEvent, BlockManager
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.handoff import EngineRequest, HandoffTable, HeldKV
 from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.runner import Runner, SimRunnerFactory
 from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
@@ -118,9 +118,12 @@ def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprobs | None] | None:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None) -> None:
+    def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None,
+                 sim_runner: SimRunnerFactory | None = None) -> None:
         """kv_blocks_wanted: without an explicit KV size, this many blocks as far as memory allows
-        (benchmarks)."""
+        (benchmarks). sim_runner: what builds the runner under engine=sim
+        (baton.loadtest.sim.runner.SimulatedRunner); the caller supplies it because the simulator
+        lives in the load-test package, above this one."""
         if config.model is None:
             from baton.services.checkpoints.tiny_model import embedded_model_path
             config = config.model_copy(update={"model": str(embedded_model_path())})
@@ -135,10 +138,12 @@ class LLMEngine:
         self.max_model_len = context_length(self.model_config, config.max_model_len)
         self.device, self.dtype = _resolve(config, getattr(self.model_config, "dtype", None))
         if config.engine == "sim":
+            if sim_runner is None:
+                raise ValueError("engine=sim needs a sim_runner "
+                                 "(baton.loadtest.sim.runner.SimulatedRunner)")
             if kv_blocks_wanted is not None and config.num_kv_blocks is None:
                 config = config.model_copy(update={"num_kv_blocks": kv_blocks_wanted})
-            self.runner: ModelRunner | SimulatedRunner = SimulatedRunner(
-                config, self.model_config, self.eos_ids)
+            self.runner: Runner = sim_runner(config, self.model_config, self.eos_ids)
         else:
             self.runner = ModelRunner(config, self.model_config, self.model_dir, self.dtype,
                                       self.device, self.max_model_len, kv_blocks_wanted)

@@ -6,9 +6,9 @@ import time
 
 import torch
 
+from baton.services.common.block_hash import block_hashes
 from baton.services.common.outputs import TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.engine.block_hash import block_hashes
 from baton.services.engine.structured.matcher import GrammarState
 
 

@@ -20,7 +20,7 @@ Each hash's holders are an int bitmask over worker slots rather than a set of id
 sets made every full garbage collection walk them all (pauses of hundreds of milliseconds), and ints
 are not GC-tracked.
 
-Hashes come from baton.services.engine.block_hash (the caller computes them with the tenant's salt),
+Hashes come from baton.services.common.block_hash (the caller computes them with the tenant's salt),
 so the index only ever compares opaque 64-bit keys.
 """
 from __future__ import annotations

@@ -22,8 +22,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from baton.services.common.block_hash import block_hashes
 from baton.services.common.roles import Role
-from baton.services.engine.block_hash import block_hashes
 from baton.services.router.admission import Admission, AdmissionQueue, FairShare, RetryPolicy
 from baton.services.router.config import PluginSettings, RouterConfig
 from baton.services.router.disaggregation import DisaggInputs, DisaggPolicy, DisaggReason, decide

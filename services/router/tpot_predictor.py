@@ -1,6 +1,6 @@
 """Predicts the time per output token a request would see on a decode worker, from the worker's own
 fit of its decode step time against batch rows and context tokens
-(baton.services.engine.decode_cost), applied to the batch it reported plus this router's placements
+(baton.services.common.decode_cost), applied to the batch it reported plus this router's placements
 it has not reported yet, plus the new request.
 
 A request's TPOT is the mean of the steps it waits through, and its context grows while it runs, so

@@ -13,8 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.services.common.decode_cost import DecodeCostFit
 from baton.services.common.roles import Role
-from baton.services.engine.decode_cost import DecodeCostFit
 
 
 class BreakerState(enum.Enum):

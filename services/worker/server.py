@@ -15,6 +15,7 @@ from baton.services.common.http_probe import serve_probes
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.metrics import EngineCollector
+from baton.services.engine.runner import SimRunnerFactory
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide
 from baton.services.worker.engine_loop import EngineLoop
@@ -31,9 +32,12 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "baton.v1.Worker"
 
 
-async def serve(config: WorkerConfig, engine_config: EngineConfig) -> int:
+async def serve(config: WorkerConfig, engine_config: EngineConfig,
+                sim_runner: SimRunnerFactory | None = None) -> int:
+    """sim_runner: builds the engine's runner under engine=sim (see LLMEngine); the command
+    supplies it."""
     setup_tracing(f"baton-worker-{config.role}")
-    engine = LLMEngine(engine_config)
+    engine = LLMEngine(engine_config, sim_runner=sim_runner)
     engine.record_block_events()
     server = grpc.aio.server()
     port = server.add_insecure_port(f"{config.host}:{config.port}")

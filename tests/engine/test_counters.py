@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import pytest
 
+from baton.loadtest.sim.runner import SimulatedRunner
+from baton.services.common.decode_cost import DecodeCostModel
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.decode_cost import DecodeCostModel
 from baton.services.engine.llm_engine import LLMEngine
 
 
 def test_prefill_rate_counts_only_steps_that_computed_prompt_tokens(tiny_model_dirs):
-    engine = LLMEngine(
-        EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim", max_num_batched_tokens=256))
+    config = EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim",
+                          max_num_batched_tokens=256)
+    engine = LLMEngine(config, sim_runner=SimulatedRunner)
     assert engine.counters.prefill_tokens_per_s() is None
     # 400 prompt tokens: two steps at 256 per step
     prompts = [list(range(10, 110)), list(range(200, 500))]
@@ -45,7 +47,8 @@ def test_decode_cost_fit_recovers_a_linear_cost_and_falls_back_when_it_cannot():
 
 
 def test_engine_records_decode_steps_with_their_batch(tiny_model_dirs):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim"))
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim"),
+                       sim_runner=SimulatedRunner)
     engine.generate([list(range(10, 50)), list(range(60, 80))],
                     SamplingParams(max_tokens=6, ignore_eos=True))
     samples = list(engine.counters.decode_cost._samples)

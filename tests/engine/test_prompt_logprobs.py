@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from baton.loadtest.sim.runner import SimulatedRunner
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
@@ -90,6 +91,6 @@ def test_prompt_logprobs_survive_preemption(model_dir):
 
 
 def test_the_simulated_engine_refuses_prompt_logprobs():
-    engine = LLMEngine(EngineConfig(engine="sim"))
+    engine = LLMEngine(EngineConfig(engine="sim"), sim_runner=SimulatedRunner)
     with pytest.raises(ValueError, match="prompt_logprobs needs the model engine"):
         engine.add_request("r", [1, 2, 3], SamplingParams(prompt_logprobs=1))

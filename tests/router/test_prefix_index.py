@@ -4,7 +4,7 @@ import gc
 
 import pytest
 
-from baton.services.engine.block_hash import block_hashes
+from baton.services.common.block_hash import block_hashes
 from baton.services.router.prefix_index import EventKind, PrefixIndex
 from baton.v1 import worker_pb2
 

@@ -5,8 +5,8 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
+from baton.services.common.block_hash import block_hashes
 from baton.services.common.roles import Role
-from baton.services.engine.block_hash import block_hashes
 from baton.services.router.config import RouterConfig
 from baton.services.router.disaggregation import DisaggReason
 from baton.services.router.rejections import RejectReason, Rejection

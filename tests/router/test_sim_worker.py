@@ -22,7 +22,7 @@ def sim_config(tiny_model_dirs) -> EngineConfig:
 
 
 def test_sim_engine_is_deterministic_and_caches_prefixes(sim_config):
-    engine = LLMEngine(sim_config)
+    engine = LLMEngine(sim_config, sim_runner=SimulatedRunner)
     assert isinstance(engine.runner, SimulatedRunner) and engine.runner.num_blocks == 64
     engine.blocks.record_events = True
     prompt = list(range(5, 105))
@@ -40,11 +40,16 @@ def test_sim_engine_is_deterministic_and_caches_prefixes(sim_config):
     assert any(kind == "stored" for kind, _ in engine.blocks.events)
 
 
+def test_the_sim_engine_takes_its_runner_from_the_caller(sim_config):
+    with pytest.raises(ValueError, match="engine=sim needs a sim_runner"):
+        LLMEngine(sim_config)
+
+
 def test_sim_cost_model_terms(sim_config):
     config = sim_config.model_copy(
         update=dict(sim_step_base_seconds=0.001, sim_prefill_tokens_per_second=1000.0,
                     sim_decode_seconds_per_sequence=0.01))
-    engine = LLMEngine(config)
+    engine = LLMEngine(config, sim_runner=SimulatedRunner)
     engine.runner.sleep = lambda seconds: None
     engine.add_request("a", list(range(5, 105)), SamplingParams(max_tokens=2))
     engine.step()  # the whole 100-token prompt in one chunk
