@@ -115,8 +115,8 @@ def autoscaling() -> Schema:
                 minimum=0, maximum=86400),
             "scaleToZero": {
                 "type": "boolean", "default": False,
-                "description": "Allow 0 replicas after idleSecondsBeforeZero (the router queues "
-                               "meanwhile)"
+                "description": "Allow 0 replicas after idleSecondsBeforeZero (the router "
+                               "queues meanwhile)"
             },
             "idleSecondsBeforeZero": integer("Seconds without traffic before scaling to zero",
                                              default=900, minimum=60, maximum=86400),
@@ -174,8 +174,8 @@ def pool() -> Schema:
     return obj(
         {
             "replicas": integer(
-                "Replicas when the pool is first made; later the autoscaler or kubectl scale "
-                "decide",
+                "Replicas when the pool is first made; later the autoscaler or kubectl "
+                "scale decide",
                 minimum=0, maximum=1000),
             **bounds(),
             **worker_fields(),
@@ -210,10 +210,9 @@ def model() -> Schema:
                         "Key in the Secret", default="token")
                 }, required=["name"],
                 description="Secret with a Hugging Face token, set as HF_TOKEN"),
-        }, oneOf=[{"required": ["huggingFace"]}, {"required": ["pvc"]}], description=
-        "Where the weights come from: exactly one of huggingFace (downloaded by an init container) "
-        "or "
-        "pvc")
+        }, oneOf=[{"required": ["huggingFace"]}, {"required": ["pvc"]}],
+        description="Where the weights come from: exactly one of huggingFace (downloaded by an "
+                    "init container) or pvc")
 
 
 def images() -> Schema:
@@ -309,8 +308,8 @@ def deployment_spec() -> Schema:
                 {role: pool()
                  for role in r.ROLES}, anyOf=[{"required": ["mixed"]
                                                }, {"required": ["prefill", "decode"]}],
-                description="Either a mixed pool, or prefill and decode pools (and optionally "
-                            "mixed)"
+                description="Either a mixed pool, or prefill and decode pools (and "
+                            "optionally mixed)"
             ),
             "monitoring": obj(
                 {

@@ -13,8 +13,9 @@ class OperatorSettings(BatonSettings):
     autoscale_interval_seconds: float = Field(5.0, gt=0, le=300,
                                               description="How often each pool's autoscaler runs")
     prometheus_url: str | None = Field(
-        None, description=
-        "Prometheus HTTP API for autoscaler signals; unset reads each router's stats endpoint")
+        None,
+        description="Prometheus HTTP API for autoscaler signals; unset reads each router's stats "
+                    "endpoint")
     router_stats_path: str = Field("/stats", description="Path of the router's JSON stats endpoint")
     router_drain_path: str = Field("/admin/drain",
                                    description="Path of the router's drain endpoint (POST)")

@@ -54,9 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def register_throughput(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
         "throughput", help="offline throughput of the engine (optionally against transformers)",
-        description=
-        "Offline throughput: all requests at once, greedy, EOS ignored so every request generates "
-        "exactly its output length. Model loading and a small warm-up are not timed.")
+        description="Offline throughput: all requests at once, greedy, EOS ignored so every "
+                    "request generates exactly its output length. Model loading and a small "
+                    "warm-up are not timed.")
     w = parser.add_argument_group("workload")
     w.add_argument(
         "--workload", choices=("random", "shared-prefix", "trace"), default="random",
@@ -69,8 +69,8 @@ def register_throughput(kinds: argparse._SubParsersAction) -> None:
                    help="mean output length [default: 136]")
     w.add_argument(
         "--range-ratio", type=float, nargs="+", default=list(DEFAULT_RANGE_RATIO), metavar="R",
-        help="lengths are uniform in [len*(1-R), len*(1+R)]; one R for both or input R then output "
-             "R "
+        help="lengths are uniform in [len*(1-R), len*(1+R)]; one R for both or input R "
+             "then output R "
         "[default: 0.7778 0.8824, i.e. inputs 32-256 and outputs 16-256]")
     w.add_argument("--prefix-len", type=int, default=512,
                    help="shared-prefix: tokens shared by all [default: 512]")
@@ -78,12 +78,13 @@ def register_throughput(kinds: argparse._SubParsersAction) -> None:
                    help="trace: which one")
     w.add_argument(
         "--trace-scale", type=float, default=16.0,
-        help="trace: every length is divided by this (Mooncake needs a divisor of 512) [default: "
-             "16]"
+        help="trace: every length is divided by this (Mooncake needs a divisor of 512) "
+             "[default: 16]"
     )
     w.add_argument(
-        "--traces-dir", default=None, help=
-        f"trace folder [default: ${TRACES_DIR_ENV}, else ../shared/traces beside the repository]")
+        "--traces-dir", default=None,
+        help=f"trace folder [default: ${TRACES_DIR_ENV}, else ../shared/traces beside "
+             "the repository]")
     w.add_argument("--seed", type=int, default=0,
                    help="seed of the workload and of the engine's sampler")
     parser.add_argument(

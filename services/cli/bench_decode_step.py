@@ -21,10 +21,10 @@ NAME = "baton bench decode-step"
 
 def register(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
-        "decode-step", help="pure decode step time against the HBM floor", description=
-        "Times pure decode steps (no prefill in them) at each batch size and context, and prints "
-        "the "
-        "floor: weights read once plus every sequence's KV, at the device's memory bandwidth.")
+        "decode-step", help="pure decode step time against the HBM floor",
+        description="Times pure decode steps (no prefill in them) at each batch size and context, "
+                    "and prints the floor: weights read once plus every sequence's KV, at the "
+                    "device's memory bandwidth.")
     parser.add_argument("--batch-sizes", default="1,32,128",
                         help="comma-separated [default: 1,32,128]")
     parser.add_argument(
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         f"device {engine.device} ({machine['cuda'] or machine['processor'] or 'cpu'}), dtype "
         f"{engine.dtype}, "
         f"graphs {'on' if _captured(engine) else 'off'}, "
-        f"weights read per step {weights / 1e6:.1f} MB, KV {kv_bytes_per_token(engine)} B/token, "
-        "bandwidth "
+        f"weights read per step {weights / 1e6:.1f} MB, KV {kv_bytes_per_token(engine)} "
+        "B/token, bandwidth "
         f"{'n/a' if bandwidth is None else f'{bandwidth:g} GB/s'}", flush=True)
     rows = []
     try:

@@ -48,11 +48,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
         "kv-transfer",
         help="KV hand-off latency and bandwidth: NIXL against gRPC, two processes on loopback",
-        description=
-        "Reads hand-offs of each size from a child process over each transport. The default block "
-        "is "
-        "one Llama-3.1-8B (layer, block): 16 tokens x 8 KV heads x 128 dims x bf16, K and V = 64 "
-        "KiB."
+        description="Reads hand-offs of each size from a child process over each transport. The "
+                    "default block is one Llama-3.1-8B (layer, block): 16 tokens x 8 KV heads x "
+                    "128 dims x bf16, K and V = 64 KiB."
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N",
                         help="blocks per hand-off [default: 1 4 16 64 256 1024]")

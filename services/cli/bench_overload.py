@@ -65,8 +65,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-prefill-tokens-per-second", type=float, default=20000.0,
                    help="sim: prefill rate [20000]")
     p.add_argument(
-        "--tenants", default=None, help=
-        "mixed workload: API-key tenants NAME:PRIORITY:SHARE,... (negative priority is sheddable) "
+        "--tenants", default=None,
+        help="mixed workload: API-key tenants NAME:PRIORITY:SHARE,... (negative priority "
+             "is sheddable) "
         f"or a preset ({', '.join(f'{k} = {v}' for k, v in mix.PRESETS.items())}); rows per tenant "
         "[default: one tenant, no API keys]")
     p.add_argument("--kv-transport", choices=("nixl", "grpc"), default="grpc")

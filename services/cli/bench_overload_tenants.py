@@ -120,8 +120,8 @@ def tenant_verdict(rows: list[dict]) -> list[str]:
         if shed and len(shed) < len(refused):
             kept = max(v for t, v in refused.items() if t not in shed)
             lines.append(
-                f"{load}: sheddable refused {min(refused[t] for t in shed):.0%} of sent, others at "
-                "most "
+                f"{load}: sheddable refused {min(refused[t] for t in shed):.0%} of sent, "
+                "others at most "
                 f"{kept:.0%}")
         for priority in {r["priority"] for r in at}:
             peers = [r for r in at if r["priority"] == priority]

@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model name to request")
     p.add_argument("--api-key", default=None)
     p.add_argument(
-        "--no-ignore-eos", dest="ignore_eos", action="store_false", help=
-        "do not send ignore_eos (for servers that refuse unknown fields, e.g. `transformers serve`)"
+        "--no-ignore-eos", dest="ignore_eos", action="store_false",
+        help="do not send ignore_eos (for servers that refuse unknown fields, e.g. "
+             "`transformers serve`)"
     )
     p.add_argument("--workload", choices=WORKLOADS, default="synthetic")
     load = p.add_mutually_exclusive_group(required=True)
@@ -33,8 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=60.0,
                    help="seconds of sending (per sweep point) [60]")
     p.add_argument(
-        "--drain-timeout", type=float, default=60.0, help=
-        "seconds requests still running after --duration may take; then they count as failed [60]")
+        "--drain-timeout", type=float, default=60.0,
+        help="seconds requests still running after --duration may take; then they count "
+             "as failed [60]")
     p.add_argument("--arrivals", choices=("poisson", "gamma", "trace"), default=None,
                    help="open-loop arrivals [default: trace for trace workloads, else poisson]")
     p.add_argument("--burstiness", type=float, default=1.0,
@@ -52,9 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the server's Prometheus /metrics: also report its TTFT and ITL histogram quantiles")
     _workload_arguments(p)
     p.add_argument(
-        "--block-size", type=int, default=16, help=
-        "the server's KV block size: the unlimited-cache hit-ratio bound is counted in its blocks "
-        "[16]"
+        "--block-size", type=int, default=16,
+        help="the server's KV block size: the unlimited-cache hit-ratio bound is counted in its "
+             "blocks [16]"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

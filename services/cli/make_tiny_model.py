@@ -18,10 +18,9 @@ _NOT_SIZES = ("arch", "seed")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "make-tiny-model", help="write a tiny random Hugging Face checkpoint", description=
-        "Write a random checkpoint (config, safetensors weights, BPE tokenizer, ChatML chat "
-        "template) "
-        "that transformers and baton load like any other model.")
+        "make-tiny-model", help="write a tiny random Hugging Face checkpoint",
+        description="Write a random checkpoint (config, safetensors weights, BPE tokenizer, ChatML "
+                    "chat template) that transformers and baton load like any other model.")
     parser.add_argument("dir", help="output folder (created if missing)")
     parser.add_argument("--arch", choices=ARCHS, default="llama",
                         help="model architecture [default: llama]")

@@ -12,11 +12,11 @@ from baton.services.router.server import RouterServiceConfig
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "router", help="serve prefix-aware placement and admission control over gRPC", description=
-        "Decide per request which prefill and decode workers to use, and whether to admit it now, "
-        "queue it or refuse it. Workers register with a heartbeat lease, come from --workers, or "
-        "from "
-        "Kubernetes EndpointSlices. SIGTERM stops it cleanly.")
+        "router", help="serve prefix-aware placement and admission control over gRPC",
+        description="Decide per request which prefill and decode workers to use, and whether to "
+                    "admit it now, queue it or refuse it. Workers register with a heartbeat lease, "
+                    "come from --workers, or from Kubernetes EndpointSlices. SIGTERM "
+                    "stops it cleanly.")
     add_settings_arguments(parser, RouterServiceConfig)
     add_settings_arguments(parser, RouterConfig)
     parser.add_argument(

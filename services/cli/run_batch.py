@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "run-batch", help="run an OpenAI batch file (JSONL) offline", description=
-        "Serve every line of an OpenAI batch input file (/v1/completions and /v1/chat/completions) "
-        "with one engine and write the batch output file, one line per input line, in order.")
+        "run-batch", help="run an OpenAI batch file (JSONL) offline",
+        description="Serve every line of an OpenAI batch input file (/v1/completions and "
+                    "/v1/chat/completions) with one engine and write the batch output file, one "
+                    "line per input line, in order.")
     parser.add_argument("-i", "--input-file", required=True, help="OpenAI batch input file (JSONL)")
     parser.add_argument("-o", "--output-file", required=True,
                         help="where to write the batch output (JSONL)")

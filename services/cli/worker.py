@@ -13,10 +13,10 @@ from baton.services.worker.config import WorkerConfig
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "worker", help="serve an engine over gRPC (prefill, decode or mixed role)", description=
-        "Serve one engine over gRPC. Prefill workers hand KV blocks to decode workers over NIXL "
-        "(or "
-        "gRPC); a mixed worker serves both phases. SIGTERM drains in-flight work before exiting.")
+        "worker", help="serve an engine over gRPC (prefill, decode or mixed role)",
+        description="Serve one engine over gRPC. Prefill workers hand KV blocks to decode workers "
+                    "over NIXL (or gRPC); a mixed worker serves both phases. SIGTERM drains "
+                    "in-flight work before exiting.")
     add_settings_arguments(parser, WorkerConfig)
     add_settings_arguments(parser, EngineConfig)
     parser.set_defaults(func=run)

@@ -44,8 +44,8 @@ def context_length(config: PretrainedConfig, cap: int | None = None) -> int:
     window = sliding_window(config)
     if window is not None and window < limit:
         log.warning(
-            "capping context at the sliding window (%d tokens): windowed attention is not "
-            "implemented",
+            "capping context at the sliding window (%d tokens): windowed attention is "
+            "not implemented",
             window)
         limit = window
     if cap is not None:

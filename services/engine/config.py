@@ -12,17 +12,19 @@ class EngineConfig(BatonSettings):
     model: str | None = Field(
         None, description="Hugging Face checkpoint folder; unset serves the embedded tiny model")
     served_model_name: str | None = Field(
-        None, description=
-        "Model name clients use; also part of every prefix-cache hash (default: folder name)")
+        None,
+        description="Model name clients use; also part of every prefix-cache hash (default: "
+                    "folder name)")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
         description="Weight and KV dtype; auto is the checkpoint's dtype on GPU and float32 on CPU")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the model runs")
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV-cache block")
     kv_cache_memory_gib: float | None = Field(
-        None, gt=0, description=
-        "KV-cache budget in GiB (default: on GPU what gpu_memory_utilization leaves after "
-        "weights and activations; on CPU a quarter of available host memory, at most 2)")
+        None, gt=0,
+        description="KV-cache budget in GiB (default: on GPU what gpu_memory_utilization leaves "
+                    "after weights and activations; on CPU a quarter of available host "
+                    "memory, at most 2)")
     num_kv_blocks: int | None = Field(
         None, ge=1, description="Exact number of KV blocks; overrides the memory budget")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1,
@@ -50,9 +52,10 @@ class EngineConfig(BatonSettings):
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")
     engine: Literal["model", "sim"] = Field(
-        "model", description=
-        "model: run the checkpoint; sim: a timing model stands in for the forward pass (the "
-        "scheduler, block manager and prefix cache stay real; --model only gives the tokenizer)")
+        "model",
+        description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
+                    "(the scheduler, block manager and prefix cache stay real; --model only gives "
+                    "the tokenizer)")
     sim_num_kv_blocks: int = Field(4096, ge=1,
                                    description="sim: KV blocks when --num-kv-blocks is unset")
     sim_step_base_seconds: float = Field(0.002, ge=0, description="sim: fixed cost of every step")

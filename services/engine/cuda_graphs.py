@@ -174,8 +174,8 @@ class DecodeGraphs:
         for bucket in reversed(self._wanted):
             if time.perf_counter() - started > time_limit_s:
                 log.warning(
-                    "CUDA graph capture stopped after %.1f s (limit %.0f s): batches below %d rows "
-                    "replay "
+                    "CUDA graph capture stopped after %.1f s (limit %.0f s): batches below %d "
+                    "rows replay "
                     "padded to that size",
                     time.perf_counter() - started, time_limit_s, min(self.steps))
                 break

@@ -44,8 +44,8 @@ class GatewayConfig(BatonSettings):
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
     api_keys_file: str | None = Field(
         None,
-        description="YAML/JSON file of tenants and their API keys (a Kubernetes Secret in a "
-                    "cluster)"
+        description="YAML/JSON file of tenants and their API keys (a Kubernetes Secret "
+                    "in a cluster)"
     )
     auth: bool = Field(True,
                        description="Require an API key; off serves everyone as the default tenant")
@@ -56,8 +56,8 @@ class GatewayConfig(BatonSettings):
         description="Token rate limit (prompt + max_tokens) of the default tenant (unset: none)")
     max_migrations: int = Field(
         2, ge=0,
-        description="How often a request may move to another decode worker after one dies "
-                    "mid-stream"
+        description="How often a request may move to another decode worker after one "
+                    "dies mid-stream"
     )
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = Field(
         "auto",

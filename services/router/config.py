@@ -66,8 +66,8 @@ class PluginSettings(BaseModel):
         "one out turns it off. A plugin file may give a YAML list instead")
     sticky_queued_prefill_tokens: int = Field(
         4096, ge=0,
-        description="Queued prompt tokens past which a cache-warm worker stops attracting its "
-                    "prefix"
+        description="Queued prompt tokens past which a cache-warm worker stops "
+                    "attracting its prefix"
     )
     sticky_inflight_requests: int = Field(
         32, ge=0,
@@ -88,13 +88,15 @@ class RouterConfig(BatonSettings, PluginSettings):
     block_size: int = Field(16, ge=1, le=256,
                             description="Tokens per KV block; must match the workers'")
     seed: int | None = Field(
-        None, description=
-        "Seed of the RNG that breaks score ties; unset: drawn per process, so replicas differ")
+        None,
+        description="Seed of the RNG that breaks score ties; unset: drawn per process, so "
+                    "replicas differ")
     tie_tolerance: float = Field(
         0.02, ge=0, le=1, description="Scores this close to the best are ties, drawn at random")
     plugin_config_file: Path | None = Field(
-        None, description=
-        "YAML or JSON file of plugin settings (weights, sticky threshold), re-read when it changes")
+        None,
+        description="YAML or JSON file of plugin settings (weights, sticky threshold), re-read "
+                    "when it changes")
     config_poll_interval_s: float = Field(5.0, gt=0,
                                           description="How often the plugin config file is checked")
     stats_max_age_s: float = Field(2.0, gt=0,
@@ -122,8 +124,9 @@ class RouterConfig(BatonSettings, PluginSettings):
         0.5, ge=0,
         description="Predicted wait at the prefill pool past which it counts as backed up")
     local_prefill_kv_headroom: float = Field(
-        2.0, ge=1, description=
-        "Local prefill needs this many times the prompt's KV blocks free on the decode worker")
+        2.0, ge=1,
+        description="Local prefill needs this many times the prompt's KV blocks free on the decode "
+                    "worker")
     queue_max_size: int = Field(1024, ge=0, description="Most requests waiting for admission")
     queue_max_age_s: float = Field(30.0, gt=0,
                                    description="Longest a request may wait for admission")
@@ -147,18 +150,19 @@ class RouterConfig(BatonSettings, PluginSettings):
         "share of their TPOT SLO")
     sheddable_tpot_slo_headroom: float = Field(
         0.6, gt=0, le=1,
-        description="The same share for sheddable (negative-priority) requests: lower, so they "
-                    "stop "
+        description="The same share for sheddable (negative-priority) requests: lower, "
+                    "so they stop "
         "joining a decode batch before it is full and leave its last rows to the rest")
     critical_tpot_slo_headroom: float = Field(
         0.9, gt=0, le=1,
-        description="The same share for critical (positive-priority) requests: higher, so they "
-                    "still "
+        description="The same share for critical (positive-priority) requests: higher, "
+                    "so they still "
         "join a decode batch that standard requests no longer may")
     reservation_grace_s: float = Field(
-        0.5, ge=0, description=
-        "A placement keeps counting on its worker until a stats report taken this long after "
-        "it (the request needs that long to reach the worker and show in its stats)")
+        0.5, ge=0,
+        description="A placement keeps counting on its worker until a stats report taken this long "
+                    "after it (the request needs that long to reach the worker and show "
+                    "in its stats)")
     retry_after_min_s: float = Field(0.1, ge=0,
                                      description="Smallest retry-after hint given with a refusal")
     retry_after_max_s: float = Field(30.0, gt=0,

@@ -490,8 +490,8 @@ class Router:
                 self._on_queued_outcome(
                     self._reject(
                         item.request_id, RejectReason.DEADLINE,
-                        f"predicted first token {plan.predicted_ttft_s:.3f}s from now misses the "
-                        "deadline",
+                        f"predicted first token {plan.predicted_ttft_s:.3f}s from now misses "
+                        "the deadline",
                         self._queue_wait_s(item.priority)))
                 continue
             self._on_queued_outcome(self._commit(plan, item.payload, now))

@@ -46,8 +46,8 @@ def placement_to_proto(p: Placement) -> pb.Placement:
 def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
     if len(request.prompt_token_ids) > MAX_PROMPT_TOKENS:
         raise ValueError(
-            f"prompt has {len(request.prompt_token_ids)} tokens; at most {MAX_PROMPT_TOKENS} are "
-            "accepted")
+            f"prompt has {len(request.prompt_token_ids)} tokens; at most {MAX_PROMPT_TOKENS} "
+            "are accepted")
     return PlaceRequest(
         request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
         tenant=request.tenant, cache_salt=request.cache_salt or None, priority=request.priority,
@@ -180,8 +180,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             self.router.release(request.lease_id, ttft_s, output, request.failed_worker_id or None)
         except KeyError:
             await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no open lease {request.lease_id!r} (released twice, "
-                "or expired)")
+                grpc.StatusCode.NOT_FOUND, f"no open lease {request.lease_id!r} (released "
+                "twice, or expired)")
         return pb.ReleaseResponse()
 
     async def Drain(self, request: pb.DrainRequest,

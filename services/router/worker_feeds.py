@@ -121,8 +121,8 @@ class WorkerFeed:
                 self.router.set_events_available(self.worker_id, False)
                 if not self._events_lost:
                     log.warning(
-                        "worker %s: KV event stream lost (%s); prefix index approximate until it "
-                        "is back",
+                        "worker %s: KV event stream lost (%s); prefix index approximate "
+                        "until it is back",
                         self.worker_id,
                         e.code().name)
                     self._events_lost = True

@@ -16,21 +16,23 @@ class WorkerConfig(BatonSettings):
     port: int = Field(50051, ge=0, le=65535,
                       description="gRPC port (0: any free port, printed at start)")
     advertise_host: str | None = Field(
-        None, description=
-        "Host other workers use to reach this one (default: host; the pod IP in a cluster)")
+        None,
+        description="Host other workers use to reach this one (default: host; the pod IP "
+                    "in a cluster)")
     worker_id: str | None = Field(
         None, description="Stable identity in KV handles and stats (default: host:port)")
     metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="HTTP port for /metrics, /health and /ready (unset: no HTTP server)")
     router: str | None = Field(
-        None, description=
-        "host:port of a router to register with and heartbeat (unset: the router finds this "
-        "worker from its static list or EndpointSlices)")
+        None,
+        description="host:port of a router to register with and heartbeat (unset: the router finds "
+                    "this worker from its static list or EndpointSlices)")
     kv_transport: Literal["nixl", "grpc", "cuda_ipc"] = Field(
-        "nixl", description=
-        "How decode workers pull KV blocks: NIXL (UCX), block bytes over gRPC streaming, or "
-        "cuda_ipc (same-node GPU caches copied directly, no UCX; CUDA caches only)")
+        "nixl",
+        description="How decode workers pull KV blocks: NIXL (UCX), block bytes over gRPC "
+                    "streaming, or cuda_ipc (same-node GPU caches copied directly, no UCX; CUDA "
+                    "caches only)")
     kv_port: int | None = Field(
         None, ge=0, le=65535,
         description="NIXL metadata (or CUDA IPC handle) listener port (default: the gRPC port + 1)")

@@ -20,8 +20,8 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
 def _interpreter_mode_in_effect() -> None:
     if _TOO_LATE:
         pytest.fail(
-            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run on "
-            "CPU; "
+            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "
+            "run on CPU; "
             "set it at the top of tests/conftest.py, before any other import",
             pytrace=False,
         )
