@@ -55,23 +55,20 @@ def register(kinds: argparse._SubParsersAction) -> None:
 def _start(started: list[ServiceProcess]) -> tuple[ServiceProcess, ServiceProcess]:
     """Worker, router and gateway (no auth), each put at the front of `started` so a failure stops
     them all."""
-    worker = launch_service("sim-worker", [
-        "worker", "--role", "mixed", "--port",
-        str(free_port()), "--metrics-port",
-        str(free_port()), "--kv-transport", "grpc", *_ZERO_STEP
-    ], env={"BATON_NUM_THREADS": "1"})
+    worker = launch_service("sim-worker", ["worker", "--role", "mixed", "--port", str(free_port()),
+                                           "--metrics-port", str(free_port()),
+                                           "--kv-transport", "grpc", *_ZERO_STEP],
+                            env={"BATON_NUM_THREADS": "1"})
     started.insert(0, worker.wait_ready())
-    router = launch_service("router", [
-        "router", "--port",
-        str(free_port()), "--metrics-port",
-        str(free_port()), "--model", "tiny-llama", "--workers", worker.address
-    ])
+    router = launch_service("router", ["router", "--port", str(free_port()),
+                                       "--metrics-port", str(free_port()), "--model", "tiny-llama",
+                                       "--workers", worker.address])
     started.insert(0, router.wait_ready())
-    gateway = launch_service("gateway", [
-        "gateway", "--host", "127.0.0.1", "--port",
-        str(free_port()), "--router", router.address, "--no-auth", "--default-requests-per-minute",
-        "1000000000", "--default-tokens-per-minute", "1000000000000"
-    ])
+    gateway = launch_service("gateway", ["gateway", "--host", "127.0.0.1",
+                                         "--port", str(free_port()), "--router", router.address,
+                                         "--no-auth",
+                                         "--default-requests-per-minute", "1000000000",
+                                         "--default-tokens-per-minute", "1000000000000"])
     started.insert(0, gateway.wait_ready())
     return worker, gateway
 
@@ -184,10 +181,7 @@ def run(args: argparse.Namespace) -> int:
             service.terminate()
     print(table(rows))
     if args.output_json is not None:
-        doc = {
-            "args": {k: str(v)
-                     for k, v in vars(args).items()
-                     if k != "func"}, "load_average": load, "cpus": os.cpu_count(), "results": rows
-        }
+        arguments = {k: str(v) for k, v in vars(args).items() if k != "func"}
+        doc = {"args": arguments, "load_average": load, "cpus": os.cpu_count(), "results": rows}
         args.output_json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -146,11 +146,8 @@ def run(args: argparse.Namespace) -> int:
                     service.terminate()
     print(_table(results))
     if args.output_json:
-        doc = {
-            "machine": machine, "args": {k: str(v)
-                                         for k, v in vars(args).items()
-                                         if k != "func"}, "results": results
-        }
+        arguments = {k: str(v) for k, v in vars(args).items() if k != "func"}
+        doc = {"machine": machine, "args": arguments, "results": results}
         args.output_json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

@@ -82,12 +82,9 @@ def _worker_args(args: argparse.Namespace, model: str, role: str) -> list[str]:
         engine += [
             a for flag in SIM_COST for a in (flag, str(getattr(args, flag[2:].replace("-", "_"))))
         ]
-    return [
-        "worker", "--role", role, "--model", model, "--served-model-name", "bench", "--port",
-        str(free_port()), "--kv-port",
-        str(free_port()), "--metrics-port",
-        str(free_port()), "--kv-transport", args.kv_transport, *engine
-    ]
+    return ["worker", "--role", role, "--model", model, "--served-model-name", "bench",
+            "--port", str(free_port()), "--kv-port", str(free_port()),
+            "--metrics-port", str(free_port()), "--kv-transport", args.kv_transport, *engine]
 
 
 def start_stack(args: argparse.Namespace, model: str, admission: bool,
@@ -103,12 +100,10 @@ def start_stack(args: argparse.Namespace, model: str, admission: bool,
     for w in workers:
         w.wait_ready()
     off = [] if admission else ["--queue-max-size", UNBOUNDED, "--queue-max-age-s", UNBOUNDED]
-    router = launch_service("router", [
-        "router", "--port",
-        str(free_port()), "--metrics-port",
-        str(free_port()), "--model", "bench", "--workers", ",".join(w.address
-                                                                    for w in workers), *off
-    ])
+    addresses = ",".join(w.address for w in workers)
+    router = launch_service("router", ["router", "--port", str(free_port()),
+                                       "--metrics-port", str(free_port()), "--model", "bench",
+                                       "--workers", addresses, *off])
     services.insert(0, router)
     router.wait_ready()
     port = free_port()
