@@ -97,10 +97,12 @@ def blocks_all_free(stack: Stack) -> bool:
 def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 1,
                 api_keys_file: Path | None = None, kv_transport: str = "nixl",
                 worker_arg: tuple[str, ...] = ("--num-kv-blocks=512",),
-                router_args: list[str] | None = None) -> Stack:
+                router_args: list[str] | None = None,
+                gateway_args: list[str] | None = None) -> Stack:
     args = argparse.Namespace(mode=mode, prefill_workers=1, decode_workers=decode_workers,
                               kv_transport=kv_transport, host="127.0.0.1", port=free_port(),
                               worker_arg=list(worker_arg), router_arg=router_args or [],
+                              gateway_arg=gateway_args or [],
                               gpu_memory_utilization=0.9, prefill_memory_share=None,
                               api_keys_file=str(api_keys_file) if api_keys_file else None)
     services: list[ServiceProcess] = []

@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--router-arg", action="append", default=[], metavar="ARG",
         help="extra argument for the router, e.g. --router-arg=--queue-max-size=0 (repeatable)")
+    parser.add_argument(
+        "--gateway-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for the gateway, e.g. --gateway-arg=--slos=0=500/50 (repeatable)")
     parser.set_defaults(func=run)
 
 
@@ -117,7 +120,7 @@ def start_stack(args: argparse.Namespace, model: str, name: str,
     gateway = launch_service("gateway", [
         "gateway", "--host", args.host, "--port",
         str(args.port), "--router", router.address, "--model", model, "--served-model-name", name,
-        *auth
+        *auth, *args.gateway_arg
     ])
     started.insert(0, gateway)
     gateway.wait_ready()

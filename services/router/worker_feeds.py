@@ -21,6 +21,10 @@ from baton.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.1, 5.0
+# gRPC's own reconnect backoff grows to 120 s: a worker that started late (slow image pull, loaded
+# node) would stay unseen that long after it listens, while every poll fails fast meanwhile.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", int(RECONNECT_MIN_S * 1000)),
+                   ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX_S * 1000))]
 
 
 class WorkerFeed:
@@ -35,7 +39,7 @@ class WorkerFeed:
         self._identified = asyncio.Event()
         if worker_id is not None:
             self._identified.set()
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._failing = False
         self._events_lost = False
