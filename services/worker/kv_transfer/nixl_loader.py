@@ -136,9 +136,9 @@ def new_agent(name: str, listen_port: int, progress_wakeup_us: int = PROGRESS_WA
 
     The thread's poll() timeout is NIXL's pthrDelay (ai-dynamo/nixl#347); 0 makes it return at once,
     a busy loop, and nixl_agent sets 0 with no config field to change it. So the bindings' nixlAgent
-    is wrapped while the agent is made, to set it. Disabling the thread instead is no fix: the READs
-    it serves for peers then stall. A NIXL that no longer makes its agent through that binding is
-    logged, not refused: it works, at the cost of the core."""
+    is wrapped while the agent is made, to set it. Disabling the thread instead is no fix: host
+    memory READs between two such agents then never complete. A NIXL that no longer makes its agent
+    through that binding is logged, not refused: it works, at the cost of the core."""
     nixl_agent, nixl_agent_config = load_nixl()
     config = nixl_agent_config(enable_listen_thread=True, listen_port=listen_port,
                                backends=["UCX"])
