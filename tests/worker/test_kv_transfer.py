@@ -205,6 +205,38 @@ def test_killed_peer_fails_within_timeout_and_restarted_peer_is_readable(
         victim.stop()
 
 
+def _threads_cpu_s(tids: set[str]) -> float:
+    """CPU seconds (user + system) that these threads of this process have used."""
+    ticks = 0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_idle_nixl_agent_does_not_spin() -> None:
+    """The agent's threads (its UCX progress thread above all) sleep between transfers; the progress
+    thread once polled UCX without pause, a core per worker. Measured on the agent's own threads, so
+    the rest of this process cannot fail it; ~2% of a core with the fix, a spinning thread gets far
+    more than the bound even on a loaded 2-core box."""
+    threads_before = set(os.listdir("/proc/self/task"))
+    transport = make_transport("nixl", torch.zeros(LOCAL_SHAPE.dims(), dtype=torch.bfloat16),
+                               f"kv-idle-{os.getpid()}", "127.0.0.1", free_port(),
+                               registry=CollectorRegistry())
+    try:
+        agent_threads = set(os.listdir("/proc/self/task")) - threads_before
+        start, cpu = time.monotonic(), _threads_cpu_s(agent_threads)
+        time.sleep(2.0)
+        share = (_threads_cpu_s(agent_threads) - cpu) / (time.monotonic() - start)
+    finally:
+        transport.close()
+    assert agent_threads
+    assert share < 0.3, f"idle NIXL agent threads used {share:.0%} of a core"
+
+
 def test_bench_kv_transfer_smoke(tmp_path: Path) -> None:
     out = tmp_path / "kv.json"
     assert main(["bench", "kv-transfer", "--sizes", "1", "4", "--num-layers", "2", "--repeats", "2",

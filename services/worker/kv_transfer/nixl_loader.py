@@ -13,6 +13,9 @@ For GPU memory, UCX needs its CUDA transports, which these wheels bundle as modu
 UCX_MODULE_DIR there and names the transports. tcp stays in UCX_TLS: UCX needs a transport that can
 connect endpoints from a worker address (cuda_ipc and sm alone cannot), which is why
 `cuda_ipc,cuda_copy,sm,self` failed to create the agent; UCX still moves VRAM over cuda_ipc.
+
+`new_agent` makes NIXL's UCX progress thread sleep while idle: NIXL's Python agent leaves it polling
+without pause, a core per worker.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,11 @@ NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
 # wire-up (and the path between nodes when there is no RDMA; add rc or ib for GPUDirect RDMA across
 # nodes).
 CUDA_UCX_TLS = "cuda_ipc,cuda_copy,sm,tcp,self"
+# The progress thread sleeps on UCX's event fd, and NIXL makes it wake at least this often anyway
+# (its guard against a UCX event that does not signal the fd); NIXL rounds it up to whole ms.
+PROGRESS_WAKEUP_US = 1000
+# Serialises the bindings swap in new_agent.
+_AGENT_LOCK = threading.Lock()
 
 
 def search_order(cuda_version: str | None) -> tuple[str, ...]:
@@ -118,3 +128,49 @@ def configure_ucx_for_cuda(ucx_tls: str | None = None,
     if applied:
         log.info("UCX set up for GPU memory: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
     return applied
+
+
+def new_agent(name: str, listen_port: int, progress_wakeup_us: int = PROGRESS_WAKEUP_US) -> Any:
+    """A NIXL agent on the UCX backend with its metadata listener on `listen_port`, whose progress
+    thread waits on UCX's events, waking at least every `progress_wakeup_us` (> 0).
+
+    The thread's poll() timeout is NIXL's pthrDelay (ai-dynamo/nixl#347); 0 makes it return at once,
+    a busy loop, and nixl_agent sets 0 with no config field to change it. So the bindings' nixlAgent
+    is wrapped while the agent is made, to set it. Disabling the thread instead is no fix: host
+    memory READs between two such agents then never complete. A NIXL that no longer makes its agent
+    through that binding is logged, not refused: it works, at the cost of the core."""
+    nixl_agent, nixl_agent_config = load_nixl()
+    config = nixl_agent_config(enable_listen_thread=True, listen_port=listen_port,
+                               backends=["UCX"])
+    api = sys.modules[nixl_agent.__module__]
+    with _AGENT_LOCK:
+        bindings = getattr(api, "nixlBind", None)
+        if bindings is None:
+            agent, delayed = nixl_agent(name, config), False
+        else:
+            wrapped = _DelayedBindings(bindings, progress_wakeup_us)
+            api.nixlBind = wrapped
+            try:
+                agent = nixl_agent(name, config)
+            finally:
+                api.nixlBind = bindings
+            delayed = wrapped.applied
+    if not delayed:
+        log.warning("NIXL %s: could not set its progress thread's wake-up interval; the thread "
+                    "busy-polls UCX (a CPU core) while idle", api.__name__)
+    return agent
+
+
+class _DelayedBindings:
+    """NIXL's bindings module, except that agents are made with a progress thread delay."""
+
+    def __init__(self, bindings: Any, pthr_delay_us: int) -> None:
+        self._bindings, self._pthr_delay_us, self.applied = bindings, pthr_delay_us, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bindings, name)
+
+    def nixlAgent(self, name: str, config: Any) -> Any:  # noqa: N802 (the binding's name)
+        config.pthrDelay = self._pthr_delay_us
+        self.applied = True
+        return self._bindings.nixlAgent(name, config)

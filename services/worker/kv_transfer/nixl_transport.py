@@ -29,7 +29,8 @@ import torch
 from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError,
                                                     TransferResult, check_read)
 from baton.services.worker.kv_transfer.descriptors import coalesced_tables
-from baton.services.worker.kv_transfer.nixl_loader import configure_ucx_for_cuda, load_nixl
+from baton.services.worker.kv_transfer.nixl_loader import (configure_ucx_for_cuda, load_nixl,
+                                                           new_agent)
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 
 __all__ = ["NixlKVTransport", "descriptor_indices", "descriptor_table", "load_nixl"]
@@ -74,14 +75,11 @@ class NixlKVTransport(ObservedTransport):
                  metrics: TransferMetrics | None = None, ucx_tls: str | None = None) -> None:
         if kv_cache.device.type == "cuda":
             configure_ucx_for_cuda(ucx_tls)
-        nixl_agent, nixl_agent_config = load_nixl()
         self._cache, self._host, self._port, self._metrics = kv_cache, host, port, metrics
         self._layout = KVLayout.of(kv_cache)
         self._mem_type = "DRAM" if kv_cache.device.type == "cpu" else "VRAM"
         self._device_id = max(kv_cache.get_device(), 0)
-        self._agent = nixl_agent(
-            agent_name,
-            nixl_agent_config(enable_listen_thread=True, listen_port=port, backends=["UCX"]))
+        self._agent = new_agent(agent_name, port)
         self._agent_name = agent_name
         self._registered = self._agent.register_memory(kv_cache)
         self._local_dlist = self._agent.prep_xfer_dlist(
