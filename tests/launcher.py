@@ -81,8 +81,8 @@ class Stack:
         live = [w for w in self.workers("decode") if w.process.poll() is None]
         return max(live, key=lambda w: metric(w, "baton_num_requests_running"))
 
-    def gateway_metric(self, name: str) -> float:
-        return scrape(f"http://127.0.0.1:{self.port}/metrics", name)
+    def gateway_metric(self, name: str, **labels: str) -> float:
+        return scrape(f"http://127.0.0.1:{self.port}/metrics", name, **labels)
 
     def stop(self) -> None:
         for service in self.services:

@@ -5,6 +5,7 @@ decode)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -31,6 +32,8 @@ from baton.services.gateway.serving import ApiRequest, Serving
 from baton.services.gateway.tenants import DEFAULT_TENANT, AuthError, KeyStore, Tenant
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499
 
 
 @dataclass
@@ -161,17 +164,22 @@ async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str
         # placement errors become HTTP statuses before the stream opens
         first = await serving.start(api)
         return StreamingResponse(serving.stream(api, first), media_type="text/event-stream")
-    return JSONResponse(await _collect(serving, api, request))
+    body = await _collect(serving, api, request)
+    # 499 (nginx's "client closed request"): nobody reads it, but the requests counter shows it
+    return JSONResponse(body) if body is not None else Response(status_code=CLIENT_CLOSED)
 
 
-async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[str, Any]:
-    """Runs a non-streamed request, abandoning it if the client goes away first."""
+async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[str, Any] | None:
+    """Runs a non-streamed request; abandons it and returns None if the client goes away first."""
     work = asyncio.ensure_future(serving.collect(api))
     while not work.done():
         await asyncio.wait({work}, timeout=0.25)
         if not work.done() and await request.is_disconnected():
             work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
             log.info("request %s: client disconnected; aborted", api.response_id)
+            return None
     states: list[ChoiceState] = work.result()
     gateway = serving.gateway
     return build_response(api.oai, states, gateway.tokenizer, gateway.model_name, api.response_id,

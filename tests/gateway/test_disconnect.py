@@ -1,5 +1,6 @@
 """A client that goes away mid-stream has its request aborted and its KV blocks freed on the workers
-within a second; a non-streamed request whose client leaves is abandoned too."""
+within a second; a non-streamed request whose client leaves is abandoned too (counted as status
+499, with no traceback)."""
 from __future__ import annotations
 
 import asyncio
@@ -54,6 +55,11 @@ def test_disconnect_frees_blocks_within_a_second(colocated, model, stream):
                     pass
                 assert metric(worker, "baton_num_requests_running") == 1
     else:
+        closed_before = colocated.gateway_metric("baton_gateway_requests_total", status="499")
         asyncio.run(_leave_once_running(colocated.url, body, worker))
     assert _wait_free(colocated, within=1.0 if stream else 1.5) < 1.5
     assert metric(worker, "baton_num_requests_running") == 0
+    if not stream:
+        closed = colocated.gateway_metric("baton_gateway_requests_total", status="499")
+        assert closed == closed_before + 1
+        assert "CancelledError" not in colocated.gateway.log(), "the abandoned request raised"
