@@ -53,7 +53,7 @@ def test_the_page_names_code():
 
 @pytest.mark.parametrize("path", _paths())
 def test_path_exists(path: str):
-    # A pattern such as services/cli/bench_*.py must match at least one file.
+    # A pattern such as loadtest/commands/bench_*.py must match at least one file.
     found = any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
     assert found, f"docs/architecture.md names {path}, which does not exist"
 

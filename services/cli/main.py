@@ -6,10 +6,16 @@ import importlib
 import logging
 import sys
 
-# Module names under baton.services.cli (the command is the name with '-' for '_'); each defines
-# register(subparsers) and sets a `func` default.
-SUBCOMMAND_MODULES = ("make_tiny_model", "run_batch", "bench", "worker", "operator", "router",
-                      "gateway", "serve", "loadtest", "loadtest_compare")
+# Each subcommand (the module name with '-' for '_') and its module, which defines
+# register(subparsers) and sets a `func` default. Benchmarks and load generators drive the services
+# from outside, so their commands live in baton.loadtest.
+_SERVICE_COMMANDS = ("make_tiny_model", "run_batch", "worker", "operator", "router", "gateway",
+                     "serve")
+_LOAD_COMMANDS = ("bench", "loadtest", "loadtest_compare")
+SUBCOMMAND_MODULES = {
+    **{name: f"baton.services.cli.{name}" for name in _SERVICE_COMMANDS},
+    **{name: f"baton.loadtest.commands.{name}" for name in _LOAD_COMMANDS},
+}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -19,7 +25,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES if only is None else (only,):
-        importlib.import_module(f"baton.services.cli.{name}").register(subparsers)
+        importlib.import_module(SUBCOMMAND_MODULES[name]).register(subparsers)
     return parser
 
 

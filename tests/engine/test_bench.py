@@ -11,7 +11,7 @@ import pytest
 from baton.loadtest.traces import TRACES_DIR_ENV, TraceRequest, default_traces_dir, read_trace
 from baton.loadtest.workloads import (RESERVED_TAIL, random_workload, shared_prefix_workload,
                                       token_pool, trace_requests, trace_workload)
-from baton.services.cli import bench
+from baton.loadtest.commands import bench
 
 VOCAB = 512
 AVOID = {0, 1, 2}

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from baton.loadtest.bench.decode import weight_bytes_per_step
-from baton.services.cli import bench
+from baton.loadtest.commands import bench
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from baton.loadtest.stats import SLO
-from baton.services.cli.bench_overload import figures, verdict
+from baton.loadtest.commands.bench_overload import figures, verdict
 
 
 def request(status: str, ttft_s=None, e2e_s=None, tokens=0, refusal_s=None) -> dict:

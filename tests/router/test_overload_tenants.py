@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from baton.services.cli import bench_overload
-from baton.services.cli.bench_overload_tenants import TenantLoad, parse_tenants, tenant_verdict
+from baton.loadtest.commands import bench_overload
+from baton.loadtest.commands.bench_overload_tenants import TenantLoad, parse_tenants, tenant_verdict
 
 
 def test_parse_tenants_normalises_shares_and_knows_the_preset():

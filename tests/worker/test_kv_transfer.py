@@ -15,7 +15,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSpec, random_cache
-from baton.services.cli.bench_kv_transfer import pick_blocks
+from baton.loadtest.commands.bench_kv_transfer import pick_blocks
 from baton.services.cli.main import main
 from baton.services.common.process import free_port
 from baton.services.worker.kv_transfer import KVTransferError, KVTransport, make_transport

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from baton.loadtest.sim.replay import quantile
-from baton.services.cli.tables import table
+from baton.loadtest.commands.tables import table
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 
 _ZERO_STEP = [

@@ -30,7 +30,7 @@ from baton.loadtest.client import Target
 from baton.loadtest.scenarios import WorkloadSpec
 from baton.loadtest.session import LoadTest
 from baton.loadtest.stats import SLO, percentiles
-from baton.services.cli import bench_overload_tenants as mix
+from baton.loadtest.commands import bench_overload_tenants as mix
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 
 UNBOUNDED = "100000"  # "off": a queue size and age no run reaches

@@ -21,10 +21,10 @@ from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import (Request, random_workload, shared_prefix_workload, summarize,
                                       trace_workload)
 from baton.services.checkpoints.tiny_model import embedded_model_path
-from baton.services.cli import bench_decode_step, bench_isolation, bench_overload
-from baton.services.cli.bench_gateway import register as register_gateway
-from baton.services.cli.bench_kv_transfer import register as register_kv_transfer
-from baton.services.cli.bench_router import register as register_router
+from baton.loadtest.commands import bench_decode_step, bench_isolation, bench_overload
+from baton.loadtest.commands.bench_gateway import register as register_gateway
+from baton.loadtest.commands.bench_kv_transfer import register as register_kv_transfer
+from baton.loadtest.commands.bench_router import register as register_router
 from baton.services.cli.engine_runner import sim_runner_for
 from baton.services.common.model_config import load_config
 from baton.services.common.sampling_params import StructuredOutput

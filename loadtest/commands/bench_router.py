@@ -20,7 +20,7 @@ from pathlib import Path
 
 from baton.loadtest.sim.overload import bench_overload
 from baton.loadtest.sim.replay import quantile
-from baton.services.cli.tables import table
+from baton.loadtest.commands.tables import table
 from baton.services.common.block_hash import block_hashes
 from baton.services.common.roles import Role
 from baton.services.router.config import RouterConfig
