@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baton.services.common.config_docs import SETTINGS, render, settings_class
+from baton.services.cli.config_docs import SETTINGS, render, settings_class
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def test_configuration_page_is_current():
     assert DOC.read_text() == render(
-    ), "run: python -m baton.services.common.config_docs > docs/configuration.md"
+    ), "run: python -m baton.services.cli.config_docs > docs/configuration.md"
 
 
 def test_every_setting_is_described():

@@ -62,7 +62,7 @@ def test_the_check_sees_a_leak(tmp_path: Path) -> None:
         "baton.services.engine.llm_engine", "baton.services.engine.llm_engine.LLMEngine"}
 
 
-@pytest.mark.parametrize("package", ["gateway", "router"])
+@pytest.mark.parametrize("package", ["gateway", "router", "common"])
 def test_importing_the_package_loads_no_engine_or_worker(package: str) -> None:
     """The static check misses imports made by name; a fresh interpreter shows what actually
     loads."""

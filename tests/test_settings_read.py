@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.services.common.config_docs import SETTINGS, settings_class
+from baton.services.cli.config_docs import SETTINGS, settings_class
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("services", "operators", "loadtest")

@@ -1,7 +1,8 @@
 """Renders docs/configuration.md from the services' settings classes, so each setting is documented
 once (in its field's description) and the page cannot drift: `python -m
-baton.services.common.config_docs > docs/configuration.md`, checked by
-tests/test_configuration_docs.py."""
+baton.services.cli.config_docs > docs/configuration.md`, checked by
+tests/test_configuration_docs.py. It lives with the commands because it loads every service's
+settings, which no single service may import."""
 from __future__ import annotations
 
 import importlib
@@ -36,7 +37,7 @@ def render() -> str:
         "Every setting is a command-line flag and a `BATON_<NAME>` environment variable; a flag "
         "wins over the",
         "variable, the variable over the default. This page is generated from the settings classes",
-        "(`python -m baton.services.common.config_docs`); their field descriptions are the only "
+        "(`python -m baton.services.cli.config_docs`); their field descriptions are the only "
         "source.",
         ""
     ]
