@@ -8,11 +8,10 @@ import logging
 
 import grpc
 
+from baton.services.common.roles import Role
 from baton.v1 import router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
-ROLES = {"prefill": router_pb2.WORKER_ROLE_PREFILL, "decode": router_pb2.WORKER_ROLE_DECODE,
-         "mixed": router_pb2.WORKER_ROLE_MIXED}
 RETRY_SECONDS = 1.0
 
 
@@ -22,7 +21,7 @@ async def keep_registered(router_address: str, worker_id: str, address: str, rol
     worker when its lease runs out)."""
     stub = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
     register = router_pb2.RegisterWorkerRequest(worker_id=worker_id, address=address,
-                                                role=ROLES[role], model=model,
+                                                role=Role.of(role).value, model=model,
                                                 block_size=block_size)
     ttl_s: float | None = None
     while True:
