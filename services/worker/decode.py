@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
 from opentelemetry import trace
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
@@ -21,18 +20,12 @@ from baton.services.engine.handoff import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVPeer, KVTransferError, KVTransport
+from baton.services.worker.lease_client import LeaseClient
 from baton.services.worker.metrics import WorkerMetrics
-from baton.v1 import worker_pb2 as pb
-from baton.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.worker")
 RESERVE_RETRY_SECONDS = 0.01
-
-
-class HandleNotFound(LookupError):
-    """The prefill worker is alive but holds no such lease (expired, released or never granted):
-    NOT_FOUND."""
 
 
 class TransferFailed(RuntimeError):
@@ -66,7 +59,7 @@ class DecodeSide:
         self.loop = loop
         self.transport = transport
         self.metrics = metrics
-        self._peers: dict[str, worker_pb2_grpc.WorkerStub] = {}
+        self.leases = LeaseClient(config.transfer_timeout_seconds)
 
     async def generate(self, request: EngineRequest, handoff: KVHandoff | None,
                        generated: list[int]) -> AsyncIterator[Served]:
@@ -100,7 +93,7 @@ class DecodeSide:
     async def _receive(self, request: EngineRequest,
                        handoff: KVHandoff) -> tuple[str, RequestOutput | None]:
         request_id, handle = request.request_id, handoff.handle
-        await self._confirm_lease(handle)
+        await self.leases.confirm(handle)
         reservation = await self._reserve(request)
         try:
             if reservation is None:
@@ -153,7 +146,7 @@ class DecodeSide:
         remote, local = list(handle.block_ids[hits:]), blocks[hits:]
         # every block was already cached here: nothing to read, so tell the prefill side directly
         if not remote:
-            await self._release_remote(handle)
+            await self.leases.release(handle)
             return
         await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local,
                                 request_id.encode(), self.config.transfer_timeout_seconds)
@@ -165,42 +158,11 @@ class DecodeSide:
         self.metrics.kv_fallbacks.labels(self.metrics.model_name, policy).inc()
         log.warning("request %s: KV pull from %s failed (%s); policy: %s", request_id,
                     handle.worker_address, error, policy)
-        asyncio.ensure_future(self._release_remote(handle))
+        asyncio.ensure_future(self.leases.release(handle))
         if policy == "fail":
             raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
         await self.loop.call(lambda e: e.submit(request))
         return "recompute", None
-
-    def _peer(self, address: str) -> worker_pb2_grpc.WorkerStub:
-        stub = self._peers.get(address)
-        if stub is None:
-            stub = self._peers[address] = worker_pb2_grpc.WorkerStub(
-                grpc.aio.insecure_channel(address))
-        return stub
-
-    async def _confirm_lease(self, handle: KVHandle) -> None:
-        """Extends the lease before reading: a one-sided NIXL READ cannot tell live blocks from
-        reused ones, so a handle is checked (and kept alive for the read) first. An unreachable
-        prefill worker is left to the pull's failure path, which recomputes."""
-        if handle.expires_at_unix_ms < time.time() * 1000:
-            raise HandleNotFound(f"KV handle for request {handle.request_id!r} expired")
-        try:
-            await self._peer(handle.worker_address
-                             ).UpdateLease(pb.UpdateLeaseRequest(request_id=handle.request_id),
-                                           timeout=self.config.transfer_timeout_seconds)
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                raise HandleNotFound(e.details()) from None
-
-    async def _release_remote(self, handle: KVHandle) -> None:
-        """Best effort: a dead prefill worker's blocks are gone anyway, and a live one's lease
-        expires."""
-        try:
-            await self._peer(handle.worker_address).UpdateLease(
-                pb.UpdateLeaseRequest(request_id=handle.request_id, release=True), timeout=5)
-        except grpc.aio.AioRpcError as e:
-            log.info("request %s: could not release its lease on %s: %s", handle.request_id,
-                     handle.worker_address, e.code().name)
 
 
 class _Timer:

@@ -20,11 +20,12 @@ from baton.services.common.roles import Role
 from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.worker.config import WorkerConfig
-from baton.services.worker.decode import DecodeSide, HandleNotFound, KVHandoff, TransferFailed
+from baton.services.worker.decode import DecodeSide, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
 from baton.services.worker.kv_transfer.base import (KVStreamSource, KVTransferError,
                                                     kv_handle_from_proto, kv_handle_to_proto)
+from baton.services.worker.lease_client import HandleNotFound
 from baton.services.worker.prefill import PrefillSide, UnknownHandle
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
