@@ -50,6 +50,8 @@ class ChoiceProgress:
     tokens: list[int] = field(default_factory=list)
     migrations: int = 0
     first_token_at: float | None = None
+    # the decode workers its stream broke on, which the router must not place it on again
+    failed_workers: list[str] = field(default_factory=list)
 
 
 def _refusal(error: grpc.aio.AioRpcError) -> Refused:
@@ -78,12 +80,14 @@ class Orchestrator:
                 grpc.aio.insecure_channel(address))
         return stub
 
-    async def place(self, choice: ChoiceRequest, tokens: list[int]) -> router_pb2.Placement:
+    async def place(self, choice: ChoiceRequest, tokens: list[int],
+                    excluded: Sequence[str] = ()) -> router_pb2.Placement:
         request = router_pb2.PlaceRequest(request_id=choice.request_id,
                                           prompt_token_ids=choice.prompt + tokens,
                                           tenant=choice.tenant, cache_salt=choice.cache_salt,
                                           priority=choice.priority,
-                                          max_tokens=choice.params.max_tokens)
+                                          max_tokens=choice.params.max_tokens,
+                                          excluded_worker_ids=excluded)
         if choice.ttft_slo_ms is not None:
             request.ttft_slo_ms = int(choice.ttft_slo_ms)
         if choice.tpot_slo_ms is not None:
@@ -122,7 +126,8 @@ class Orchestrator:
                     released, placement = placement, None
                     await self._release(released, progress, failed_worker, placed_at)
                     progress.migrations += 1
-                    placement = await self.place(choice, progress.tokens)
+                    progress.failed_workers.append(failed_worker)
+                    placement = await self.place(choice, progress.tokens, progress.failed_workers)
                     placed_at = time.monotonic()
                     failed_worker = ""
         finally:

@@ -51,6 +51,8 @@ class PlaceRequest:
     # also the deadline for leaving the queue; None: the configured default
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None  # None: the configured default
+    # workers the request's stream broke on before (a migration); never chosen again
+    excluded_worker_ids: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -369,13 +371,17 @@ class Router:
     def _decode_fit(
             self,
             pending: _Pending) -> tuple[list[WorkerState], dict[str, float], Rejection | None]:
-        """The workers a plan may use: decode workers whose predicted TPOT with this request misses
-        its TPOT SLO are left out, and when that leaves none (while some had a prediction) the
-        request is refused now, since waiting would not shrink the batches it would join any sooner
-        than the queue's deadline. Also the predicted TPOT of every decode worker that has one."""
+        """The workers a plan may use: not those the request is excluded from, and not decode
+        workers whose predicted TPOT with this request misses its TPOT SLO; when the SLO leaves
+        none (while some had a prediction) the request is refused now, since waiting would not
+        shrink the batches it would join any sooner than the queue's deadline. Also the predicted
+        TPOT of every decode worker that has one."""
         req, slo = pending.request, pending.tpot_slo_s
+        # A worker a stream broke on may still look healthy (its breaker counts one failure, and its
+        # last stats are fresh), and a migration placed back there breaks again.
+        allowed = [w for w in self._workers.values() if w.worker_id not in req.excluded_worker_ids]
         tpot: dict[str, float] = {}
-        for w in self._workers.values():
+        for w in allowed:
             if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids),
                                                                    req.max_tokens)):
                 tpot[w.worker_id] = t
@@ -383,7 +389,7 @@ class Router:
         # batch's last rows stay for the higher ones, as the router queue serves them first.
         headroom = self._tpot_headroom(req.priority)
         limit = slo * headroom if slo is not None else math.inf
-        workers = [w for w in self._workers.values() if tpot.get(w.worker_id, 0.0) <= limit]
+        workers = [w for w in allowed if tpot.get(w.worker_id, 0.0) <= limit]
         if tpot and not any(w.role is not Role.PREFILL for w in workers):
             best = min(tpot.values())
             refusal = self._reject(

@@ -53,7 +53,8 @@ def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
         tenant=request.tenant, cache_salt=request.cache_salt or None, priority=request.priority,
         max_tokens=request.max_tokens,
         ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
-        tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None)
+        tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
+        excluded_worker_ids=frozenset(request.excluded_worker_ids))
 
 
 def retry_after_ms(rejection: Rejection) -> int:

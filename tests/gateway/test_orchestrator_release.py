@@ -1,6 +1,7 @@
 """What the orchestrator tells the router on release: the observed TTFT (placement to first
 token) only for the placement a fresh prefill produced the first token on, never for one that
-recomputed a migrated stream, and never where no first token came."""
+recomputed a migrated stream, and never where no first token came; and what it asks on each
+migration (not the workers the stream broke on)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -18,9 +19,11 @@ class FakeRouter:
     def __init__(self) -> None:
         self.placed = 0
         self.releases: list[router_pb2.ReleaseRequest] = []
+        self.excluded: list[list[str]] = []
 
     async def Place(self, request: router_pb2.PlaceRequest, metadata=()) -> router_pb2.Placement:
         self.placed += 1
+        self.excluded.append(list(request.excluded_worker_ids))
         return router_pb2.Placement(request_id=request.request_id, lease_id=f"lease-{self.placed}",
                                     decode_worker_id=f"d{self.placed}", decode_address="unused")
 
@@ -45,9 +48,10 @@ def scripted(*attempts: tuple[int, bool]):
     return attempt
 
 
-async def serve(*attempts: tuple[int, bool]) -> list[router_pb2.ReleaseRequest]:
-    orchestrator = Orchestrator("127.0.0.1:1", max_migrations=1)
-    orchestrator.router = router = FakeRouter()
+async def serve(*attempts: tuple[int, bool], router: FakeRouter | None = None,
+                max_migrations: int = 1) -> list[router_pb2.ReleaseRequest]:
+    orchestrator = Orchestrator("127.0.0.1:1", max_migrations=max_migrations)
+    orchestrator.router = router = router or FakeRouter()
     orchestrator._attempt = scripted(*attempts)
     params = worker_pb2.SamplingParams(max_tokens=4)
     choice = ChoiceRequest("r", [1, 2, 3], params, "t", 0, "", None, None)
@@ -84,3 +88,10 @@ async def test_no_ttft_without_a_first_token_on_the_placement() -> None:
     assert ttfts([lost]) == [None] and fresh.HasField("observed_ttft_ms")
     # Lost before any token with no migration left: nothing to report.
     assert ttfts(await serve((0, True), (0, True))) == [None, None]
+
+
+@pytest.mark.asyncio
+async def test_each_migration_excludes_every_worker_the_stream_broke_on() -> None:
+    router = FakeRouter()
+    await serve((1, True), (1, True), (2, False), router=router, max_migrations=2)
+    assert router.excluded == [[], ["d1"], ["d1", "d2"]]

@@ -127,6 +127,22 @@ def test_draining_worker_gets_nothing_new():
             for i in range(20)} == {"d1"}
 
 
+def test_a_migrating_request_never_goes_back_to_the_worker_it_broke_on():
+    router, clock, _, _ = make_router()
+    add(router, clock, "d0")
+    add(router, clock, "d1")
+    stored(router, "d0", PROMPT)  # the warm worker, which the cache would pick
+    first = router.place(PlaceRequest("r", PROMPT))
+    assert first.decode_worker_id == "d0"
+    router.release(first.lease_id, failed_worker_id="d0")  # one failure: its circuit stays closed
+    moved = router.place(PlaceRequest("r", PROMPT, excluded_worker_ids=frozenset({"d0"})))
+    assert moved.decode_worker_id == "d1"
+    router.release(moved.lease_id, failed_worker_id="d1")
+    gone = router.place(PlaceRequest("r", PROMPT, excluded_worker_ids=frozenset({"d0", "d1"})))
+    assert isinstance(gone, Rejection) and gone.reason is RejectReason.NO_WORKERS
+    assert router.place(PlaceRequest("other", PROMPT)).decode_worker_id == "d0"
+
+
 def test_failing_worker_is_circuit_broken_then_probed():
     router, clock, _, _ = make_router(circuit_failure_threshold=2, circuit_cooldown_s=5.0)
     add(router, clock, "d0")
