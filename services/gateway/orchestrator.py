@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from baton.services.common.handoff_client import stream_tokens
-from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from baton.services.common.worker_stubs import WorkerStubs
+from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2
 
 log = logging.getLogger(__name__)
 # A worker that died or vanished mid-call; anything else (a bad request, a refusal) is not retried
@@ -71,14 +72,7 @@ class Orchestrator:
     def __init__(self, router_address: str, max_migrations: int) -> None:
         self.router = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
         self.max_migrations = max_migrations
-        self._workers: dict[str, worker_pb2_grpc.WorkerStub] = {}
-
-    def worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
-        stub = self._workers.get(address)
-        if stub is None:
-            stub = self._workers[address] = worker_pb2_grpc.WorkerStub(
-                grpc.aio.insecure_channel(address))
-        return stub
+        self.workers = WorkerStubs()
 
     async def place(self, choice: ChoiceRequest, tokens: list[int],
                     excluded: Sequence[str] = ()) -> router_pb2.Placement:
@@ -138,7 +132,7 @@ class Orchestrator:
                  tokens: list[int]) -> AsyncIterator[worker_pb2.GenerateResponse]:
         meta = worker_pb2.RequestMeta(request_id=choice.request_id, priority=choice.priority,
                                       cache_salt=choice.cache_salt)
-        decode = self.worker(placement.decode_address)
+        decode = self.workers.get(placement.decode_address)
         # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
         if tokens:
             request = worker_pb2.GenerateRequest(meta=meta, prompt_token_ids=choice.prompt,
@@ -147,7 +141,7 @@ class Orchestrator:
             return decode.Generate(request, metadata=choice.metadata)
         remote = (placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and
                   placement.prefill_address)
-        prefill = self.worker(placement.prefill_address) if remote else None
+        prefill = self.workers.get(placement.prefill_address) if remote else None
         return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata)
 
     async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str,

@@ -8,9 +8,9 @@ import time
 
 import grpc
 
+from baton.services.common.worker_stubs import WorkerStubs
 from baton.services.worker.kv_transfer.base import KVHandle
 from baton.v1 import worker_pb2 as pb
-from baton.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 5.0
@@ -24,7 +24,7 @@ class HandleNotFound(LookupError):
 class LeaseClient:
     def __init__(self, confirm_timeout_s: float) -> None:
         self.confirm_timeout_s = confirm_timeout_s
-        self._stubs: dict[str, worker_pb2_grpc.WorkerStub] = {}
+        self.workers = WorkerStubs()
 
     async def confirm(self, handle: KVHandle) -> None:
         """Extends the lease before reading: a one-sided NIXL READ cannot tell live blocks from
@@ -33,7 +33,7 @@ class LeaseClient:
         if handle.expires_at_unix_ms < time.time() * 1000:
             raise HandleNotFound(f"KV handle for request {handle.request_id!r} expired")
         try:
-            await self._stub(handle.worker_address).UpdateLease(
+            await self.workers.get(handle.worker_address).UpdateLease(
                 pb.UpdateLeaseRequest(request_id=handle.request_id),
                 timeout=self.confirm_timeout_s)
         except grpc.aio.AioRpcError as e:
@@ -44,16 +44,9 @@ class LeaseClient:
         """Best effort: a dead prefill worker's blocks are gone anyway, and a live one's lease
         expires."""
         try:
-            await self._stub(handle.worker_address).UpdateLease(
+            await self.workers.get(handle.worker_address).UpdateLease(
                 pb.UpdateLeaseRequest(request_id=handle.request_id, release=True),
                 timeout=RELEASE_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             log.info("request %s: could not release its lease on %s: %s", handle.request_id,
                      handle.worker_address, e.code().name)
-
-    def _stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            stub = self._stubs[address] = worker_pb2_grpc.WorkerStub(
-                grpc.aio.insecure_channel(address))
-        return stub
