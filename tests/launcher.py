@@ -144,8 +144,12 @@ def start_workers(model: Path, roles: Sequence[str], transport: str = "nixl",
                 "--kv-port", str(free_port()), "--metrics-port", str(metrics_port),
                 "--kv-transport", transport, "--num-kv-blocks", str(KV_BLOCKS), *extra]
         workers.append(Worker(launch_service(f"{role}-worker", args, env=ONE_THREAD), metrics_port))
-    for worker in workers:
-        worker.service.wait_ready()
+    try:
+        for worker in workers:
+            worker.service.wait_ready()
+    except BaseException:  # the others would outlive the test run
+        stop_all([w.service for w in workers])
+        raise
     return workers
 
 

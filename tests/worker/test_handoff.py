@@ -72,7 +72,7 @@ def test_disaggregated_matches_mixed_and_run_batch(model, prompts, mixed, run_ba
         assert decode.metric("baton_kv_cache_free_blocks") == decode.metric(
             "baton_kv_cache_total_blocks")
     finally:
-        assert prefill.service.terminate() == 0 and decode.service.terminate() == 0
+        assert [prefill.service.terminate(), decode.service.terminate()] == [0, 0]
 
 
 def test_second_request_moves_only_missing_blocks(model):
