@@ -15,9 +15,14 @@ TOKENS = 120
 PROMPTS = [f"Story number {i}: once upon a time" for i in range(STREAMS)]
 
 
+# No latency SLOs: the router would refuse some of the 16 streams by predicted TPOT once the first
+# phase taught it the decode step time, and a refusal is not what these tests look at.
+NO_SLOS = "--slos="
+
+
 @pytest.fixture(scope="module")
 def stack(model):
-    stack = start_stack(model, "disaggregated", decode_workers=3)
+    stack = start_stack(model, "disaggregated", decode_workers=3, gateway_args=[NO_SLOS])
     yield stack
     stack.stop()
 
@@ -25,7 +30,7 @@ def stack(model):
 @pytest.fixture(scope="module")
 def no_migration_url(stack, model):
     gateway, port = launch_gateway("gateway-no-migration", stack.router.address,
-                                   "--model", str(model), "--max-migrations", "0")
+                                   "--model", str(model), "--max-migrations", "0", NO_SLOS)
     gateway.wait_ready()
     yield f"http://127.0.0.1:{port}/v1"
     gateway.terminate()
@@ -72,7 +77,7 @@ def test_streams_survive_a_decode_worker_killed_mid_flight(stack, model, no_migr
                                        Stack.busiest_live_decode))
     failed = [i for i, r in enumerate(off) if isinstance(r, Exception)]
     assert 0 < len(failed) < STREAMS
-    assert all("could not move" in str(off[i]) for i in failed)
+    assert all("could not move" in str(off[i]) for i in failed), [str(off[i]) for i in failed]
     assert all(off[i] == expected[i] for i in range(STREAMS) if i not in failed)
 
     # Migration on: the same load, another worker killed, and every stream is whole and identical.
