@@ -293,8 +293,8 @@ def deployment_spec() -> Schema:
                         "name": string("Secret name", minLength=1), "key": string(
                             "Key holding the tenants/keys YAML", default="keys.yaml")
                     }, required=["name"],
-                    description="Secret with the gateway's tenants and API keys "
-                    "(--api-keys-file); unset serves everyone as the default tenant (--no-auth)")),
+                    description="Secret with the gateway's tenants and API keys (--api-keys-file); "
+                                "unset serves everyone as the default tenant (--no-auth)")),
             "router": service_component(
                 "router", 8001, "gRPC", policy=string(
                     "How requests are placed on workers: prefix-aware scores cached prefixes and "

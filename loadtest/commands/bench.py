@@ -69,9 +69,8 @@ def register_throughput(kinds: argparse._SubParsersAction) -> None:
                    help="mean output length [default: 136]")
     w.add_argument(
         "--range-ratio", type=float, nargs="+", default=list(DEFAULT_RANGE_RATIO), metavar="R",
-        help="lengths are uniform in [len*(1-R), len*(1+R)]; one R for both or input R "
-             "then output R "
-        "[default: 0.7778 0.8824, i.e. inputs 32-256 and outputs 16-256]")
+        help="lengths are uniform in [len*(1-R), len*(1+R)]; one R for both or input R then output "
+             "R [default: 0.7778 0.8824, i.e. inputs 32-256 and outputs 16-256]")
     w.add_argument("--prefix-len", type=int, default=512,
                    help="shared-prefix: tokens shared by all [default: 512]")
     w.add_argument("--trace", choices=tuple(TRACE_FILES), default="mooncake-conv",
@@ -93,10 +92,9 @@ def register_throughput(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json-schema", type=Path, default=None, metavar="FILE",
         help="constrain every request to this JSON schema (response_format json_schema), then run "
-        "the same requests unconstrained at the lengths the constrained run produced")
+             "the same requests unconstrained at the lengths the constrained run produced")
     parser.add_argument("--output-json", type=Path, default=None,
-                        help="write every figure, the command and the "
-                        "machine to this file")
+                        help="write every figure, the command and the machine to this file")
     add_settings_arguments(parser, EngineConfig, exclude=("seed",))
     parser.set_defaults(func=run_throughput)
 

@@ -36,7 +36,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--bandwidth-gbps", type=float, default=None,
         help="memory bandwidth for the floor [default: a table by GPU name; on a CPU the floor is "
-        "n/a unless given]")
+             "n/a unless given]")
     parser.add_argument("--graphs", choices=("on", "off"), default="on",
                         help="CUDA graphs for the decode steps (off = enforce_eager) [default: on]")
     parser.add_argument("--output-json", type=Path, default=None,

@@ -30,8 +30,8 @@ MODES = {"colocated": [("mixed", 2)], "disaggregated": [("prefill", 1), ("decode
 
 def register(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
-        "decode-isolation", help="decode ITL under long-prompt interference, colocated "
-        "against disaggregated", description=__doc__)
+        "decode-isolation", help="decode ITL under long-prompt interference, colocated against "
+                                 "disaggregated", description=__doc__)
     parser.add_argument(
         "--model", default=None,
         help="checkpoint folder [default: a fresh bench-preset model with a 4,096-token context]")

@@ -57,11 +57,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--layout", choices=sorted(LAYOUTS), default=None,
         help="a named cache shape; llama-8b: 32 layers, 8 KV heads x 128 dims, 16-token blocks, "
-        "bf16 (overrides the four shape flags below)")
+             "bf16 (overrides the four shape flags below)")
     parser.add_argument(
         "--num-layers", type=int, default=8,
         help="layers per block (Llama-3.1-8B has 32; 8 keeps two 1,024-block caches at 512 MiB "
-        "each) [default: 8]")
+             "each) [default: 8]")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block [default: 16]")
     parser.add_argument("--kv-heads", type=int, default=8, help="KV heads [default: 8]")
     parser.add_argument("--head-dim", type=int, default=128, help="head dimension [default: 128]")
@@ -71,7 +71,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--blocks", choices=("random", "consecutive"), default="random",
         help="which blocks each read moves: scattered on both sides, or one run (coalesced into "
-        "one range per layer) [default: random]")
+             "one range per layer) [default: random]")
     parser.add_argument("--repeats", type=int, default=10,
                         help="timed reads per size and transport [default: 10]")
     parser.add_argument("--transports", choices=TRANSPORTS, nargs="+", default=None,

@@ -40,8 +40,8 @@ SIM_COST = ("--sim-step-base-seconds", "--sim-decode-seconds-per-sequence",
 
 def register(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser(
-        "overload", help="goodput and refusals through the whole stack at 1x-3x load, admission "
-        "on and off", description=__doc__)
+        "overload", help="goodput and refusals through the whole stack at 1x-3x load, admission on "
+                         "and off", description=__doc__)
     p.add_argument("--model", default=None,
                    help="checkpoint folder [default: the embedded tiny model]")
     p.add_argument("--engine", choices=("sim", "model"), default="sim",

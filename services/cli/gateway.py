@@ -12,8 +12,8 @@ from baton.services.gateway.config import GatewayConfig
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "gateway", help="serve the OpenAI-compatible HTTP API",
-        description="Serve /v1/completions, /v1/chat/completions and /v1/models, "
-        "placing each request through the router onto the workers.")
+        description="Serve /v1/completions, /v1/chat/completions and /v1/models, placing each "
+                    "request through the router onto the workers.")
     add_settings_arguments(parser, GatewayConfig)
     parser.set_defaults(func=run)
 

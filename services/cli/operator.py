@@ -15,10 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "operator", help="run the Kubernetes operator",
-        description="Reconcile BatonDeployments and WorkerPools into Deployments, "
-                    "Services, PDBs and "
-        "ServiceMonitors, and autoscale the pools. Uses in-cluster credentials, else "
-        "the kubeconfig."
+        description="Reconcile BatonDeployments and WorkerPools into Deployments, Services, PDBs "
+                    "and ServiceMonitors, and autoscale the pools. Uses in-cluster credentials, "
+                    "else the kubeconfig."
     )
     add_settings_arguments(parser, OperatorSettings)
     parser.set_defaults(func=run)

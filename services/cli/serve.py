@@ -40,14 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--kv-transport", choices=("nixl", "grpc", "cuda_ipc"), default="nixl",
         help="how decode workers read prefill KV; cuda_ipc: GPU caches on this node, without UCX "
-        "[default: nixl]")
+             "[default: nixl]")
     parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9,
         help="share of the GPU's memory all workers together may use [default: 0.9]")
     parser.add_argument(
         "--prefill-memory-share", type=float, default=None,
-        help="disaggregated: the prefill workers' part of that share, 0..1 [default: their "
-        "share of the worker count]")
+        help="disaggregated: the prefill workers' part of that share, 0..1 [default: their share "
+             "of the worker count]")
     parser.add_argument("--api-keys-file", default=None,
                         help="require API keys from this file [default: no auth]")
     parser.add_argument(

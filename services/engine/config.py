@@ -43,7 +43,7 @@ class EngineConfig(BatonSettings):
     cuda_graph_max_batch_size: int = Field(
         256, ge=1,
         description="Largest decode batch captured as a CUDA graph (larger batches run eagerly; "
-        "buckets 1, 2, 4, 8, then multiples of 16)")
+                    "buckets 1, 2, 4, 8, then multiples of 16)")
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")

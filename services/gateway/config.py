@@ -34,8 +34,8 @@ class GatewayConfig(BatonSettings):
                       description="HTTP port (0: any free port, printed at start)")
     router: str = Field("127.0.0.1:50050", description="host:port of the router's gRPC service")
     model: str | None = Field(
-        None, description="Checkpoint folder for the tokenizer and chat template "
-        "(unset: the embedded tiny model)")
+        None, description="Checkpoint folder for the tokenizer and chat template (unset: the "
+                          "embedded tiny model)")
     served_model_name: str | None = Field(
         None,
         description="Model name clients use; must match the workers' (default: the folder's name)")
@@ -62,11 +62,11 @@ class GatewayConfig(BatonSettings):
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = Field(
         "auto",
         description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "
-        "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), 'auto' "
-        "(from the chat template and model family) or 'none' (never)")
+                    "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), "
+                    "'auto' (from the chat template and model family) or 'none' (never)")
     slos: str = Field(
-        "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; "
-        "a priority without one uses the nearest lower priority's")
+        "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; a "
+                                  "priority without one uses the nearest lower priority's")
 
     @field_validator("slos")
     @classmethod

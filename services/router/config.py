@@ -62,8 +62,8 @@ class PluginSettings(BaseModel):
     scorers: Annotated[list[ScorerWeight], NoDecode] = Field(
         DEFAULT_SCORERS,
         description="Weighted scorers, name:weight,... (registered names: prefix_overlap, "
-        "kv_utilization, queued_prefill_tokens, inflight_requests); weight 0 or leaving "
-        "one out turns it off. A plugin file may give a YAML list instead")
+                    "kv_utilization, queued_prefill_tokens, inflight_requests); weight 0 or "
+                    "leaving one out turns it off. A plugin file may give a YAML list instead")
     sticky_queued_prefill_tokens: int = Field(
         4096, ge=0,
         description="Queued prompt tokens past which a cache-warm worker stops "
@@ -141,23 +141,22 @@ class RouterConfig(BatonSettings, PluginSettings):
     ttft_slo_headroom: float = Field(
         0.8, gt=0, le=1,
         description="Admit only requests predicted to get their first token within this share of "
-        "their TTFT SLO (the rest is the prediction's margin of error)")
+                    "their TTFT SLO (the rest is the prediction's margin of error)")
     default_tpot_slo_s: float | None = Field(
         None, gt=0, description="TPOT SLO for requests that bring none; unset means no SLO")
     tpot_slo_headroom: float = Field(
         0.8, gt=0, le=1,
         description="Admit only requests whose predicted TPOT on a decode worker is within this "
-        "share of their TPOT SLO")
+                    "share of their TPOT SLO")
     sheddable_tpot_slo_headroom: float = Field(
         0.6, gt=0, le=1,
-        description="The same share for sheddable (negative-priority) requests: lower, "
-                    "so they stop "
-        "joining a decode batch before it is full and leave its last rows to the rest")
+        description="The same share for sheddable (negative-priority) requests: lower, so they "
+                    "stop joining a decode batch before it is full and leave its last rows to the "
+                    "rest")
     critical_tpot_slo_headroom: float = Field(
         0.9, gt=0, le=1,
-        description="The same share for critical (positive-priority) requests: higher, "
-                    "so they still "
-        "join a decode batch that standard requests no longer may")
+        description="The same share for critical (positive-priority) requests: higher, so they "
+                    "still join a decode batch that standard requests no longer may")
     reservation_grace_s: float = Field(
         0.5, ge=0,
         description="A placement keeps counting on its worker until a stats report taken this long "

@@ -39,7 +39,7 @@ class RouterServiceConfig(BatonSettings):
     metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="HTTP port for /metrics, /health, /ready, GET /stats and POST /admin/drain "
-        "(unset: no HTTP server)")
+                    "(unset: no HTTP server)")
     workers: str | None = Field(
         None, description="Static workers, host:port,host:port (besides registrations)")
     kube_label_selector: str | None = Field(

@@ -37,8 +37,9 @@ class WorkerConfig(BatonSettings):
         None, ge=0, le=65535,
         description="NIXL metadata (or CUDA IPC handle) listener port (default: the gRPC port + 1)")
     kv_ucx_tls: str | None = Field(
-        None, description="UCX_TLS for NIXL over a CUDA cache (default: UCX_TLS if set, else "
-        "cuda_ipc,cuda_copy,sm,tcp,self); add rc for GPUDirect RDMA between nodes")
+        None,
+        description="UCX_TLS for NIXL over a CUDA cache (default: UCX_TLS if set, else "
+                    "cuda_ipc,cuda_copy,sm,tcp,self); add rc for GPUDirect RDMA between nodes")
     lease_seconds: float = Field(
         30.0, gt=0,
         description="How long a prefill worker holds a prompt's blocks for its decode worker")
