@@ -9,6 +9,7 @@ case "$1" in
   kernels)
     python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/test_cuda_graphs.py \
       tests/engine/test_bench_decode.py 2>&1 | tail -30
+    python3 docs/gpu/decode_attention_speed.py $OUT/decode_attention.json
     ;;
   decode)
     python3 .gpu/make8b.py $M > /dev/null

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from baton.kernels.paged_decode_attention import paged_decode_attention
+from baton.kernels.paged_decode_attention import decode_splits, paged_decode_attention
 from baton.kernels.paged_prefill_attention import paged_prefill_attention
 from baton.kernels.reference import (
     paged_decode_attention_ref,
@@ -72,6 +72,36 @@ def test_decode_matches_reference(layout: tuple[int, int, int, int], dtype: torc
     ref = paged_decode_attention_ref(query.double(), cache.double(), table, lens, scale)
     assert out.dtype == dtype
     assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_split_decode_matches_reference(num_splits: int, dtype: torch.dtype) -> None:
+    """Contexts cut into parts merged by a second kernel: splits that end mid-tile, that are empty
+    (a 1-token context cut in 8), and an empty context."""
+    num_q_heads, num_kv_heads, head_dim, block_size = 8, 2, 32, 16
+    gen = torch.Generator().manual_seed(num_splits)
+    ctx_lens = [1, block_size + 3, 70, 200, 0]
+    cache, table = make_paged_cache(ctx_lens, num_kv_heads, head_dim, block_size, dtype, gen)
+    query = make_query(len(ctx_lens), num_q_heads, num_kv_heads, head_dim, gen).to(dtype)
+    lens = torch.tensor(ctx_lens, dtype=torch.int32)
+    scale = head_dim**-0.5
+
+    out = paged_decode_attention(query.to(DEVICE), cache.to(DEVICE), table.to(DEVICE),
+                                 lens.to(DEVICE), scale, num_splits=num_splits).cpu()
+    ref = paged_decode_attention_ref(query.double(), cache.double(), table, lens, scale)
+    assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("num_seqs,sm_count,splits", [
+    (1, 132, 32),  # batch 1 of an 8B model on an H100: 256 programs instead of 8
+    (32, 132, 3),
+    (128, 132, 1),  # the batch fills the device alone
+    (4, 0, 1),  # no SMs: the interpreter
+])
+def test_decode_splits_fill_the_device(num_seqs: int, sm_count: int, splits: int) -> None:
+    assert decode_splits(num_seqs, 8, sm_count) == splits
 
 
 def test_decode_empty_context_gives_zeros() -> None:
@@ -171,5 +201,7 @@ def test_compiled_long_contexts(dtype: torch.dtype) -> None:
     ref = paged_prefill_attention_ref(query.double(), cache.double(), table, starts, lens, 0.1)
     assert rel_err(prefill, ref) < TOLERANCE[dtype]
     last_rows = starts[1:].long() - 1
-    decode = paged_decode_attention(cuda[0][last_rows.cuda()], cuda[1], cuda[2], cuda[4], 0.1).cpu()
-    assert rel_err(decode, ref[last_rows]) < TOLERANCE[dtype]
+    for splits in (1, None):  # one program per sequence and head; split to fill the device
+        decode = paged_decode_attention(cuda[0][last_rows.cuda()], cuda[1], cuda[2], cuda[4], 0.1,
+                                        num_splits=splits).cpu()
+        assert rel_err(decode, ref[last_rows]) < TOLERANCE[dtype]
