@@ -1,9 +1,9 @@
 """The Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
 
 Tokens of all sequences in a step are packed flat ([num_tokens, hidden]); attention reads and writes
-the paged cache through the step's AttentionMetadata. Module names mirror transformers' so
-checkpoints load as they are, and the arithmetic follows transformers' order so float32 outputs
-match it.
+the paged cache through the step's AttentionMetadata. Module names mirror transformers', except that
+q/k/v and gate/up are stacked into one parameter each (STACKED_PROJECTIONS; the loader fills their
+row ranges); the arithmetic follows transformers' order so float32 outputs match it.
 """
 from __future__ import annotations
 
@@ -32,6 +32,18 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
+# Checkpoint projections that load into row ranges of one fused parameter: (fused name, part). One
+# GEMM then reads the activations once and launches once where the checkpoint has three (q, k, v)
+# or two (gate, up); at decode's few rows each small GEMM otherwise runs well below bandwidth.
+STACKED_PROJECTIONS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
 def _has_qkv_bias(config: PretrainedConfig) -> bool:
     # Qwen2 always has q/k/v biases; Llama-style configs say so in attention_bias.
     return config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
@@ -43,10 +55,10 @@ class SelfAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        bias = _has_qkv_bias(config)
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.part_sizes = {"qkv_proj": [q_size, kv_size, kv_size]}
+        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size,
+                                  bias=_has_qkv_bias(config))
         self.o_proj = nn.Linear(
             self.num_heads * self.head_dim, config.hidden_size,
             bias=config.model_type != "qwen2" and bool(getattr(config, "attention_bias", False)))
@@ -59,9 +71,11 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        # Views into the fused output: the kernels and the cache write take strided rows.
+        q, k, v = self.qkv_proj(x).split(self.part_sizes["qkv_proj"], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(q, k, positions)
@@ -73,12 +87,13 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.part_sizes = {"gate_up_proj": [config.intermediate_size] * 2}
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(ops.silu_and_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):
