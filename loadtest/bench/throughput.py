@@ -12,6 +12,7 @@ for exactly the lengths the constrained run produced, and the two differ only in
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import os
 import platform
@@ -133,6 +134,7 @@ def run_baton(engine: LLMEngine, requests: list[Request], warmup: list[Request],
     at_most = structured is not None
     _check_lengths(f"{system} (warm-up)", _baton_generate(engine, warmup, structured), warmup,
                    at_most)
+    gc.freeze()  # as a worker does once started (services/worker/server.py)
     stats0, computed0 = replace(engine.scheduler.stats), engine.counters.prompt_tokens_computed
     start = perf_counter()
     produced = _baton_generate(engine, requests, structured)
@@ -250,6 +252,7 @@ def run_hf(shape: EngineShape, requests: list[Request], warmup: list[Request]) -
         _check_lengths("hf (warm-up)", _hf_generate(manager, warmup, "warmup"), warmup)
         # The loop idles between batches, so swapping the search in now races with nothing.
         counter = _PrefixCounter(manager.batch_processor.cache)
+        gc.freeze()  # the same start-up treatment as the engine gets
         start = perf_counter()
         produced = _hf_generate(manager, requests, "req")
         elapsed = perf_counter() - start

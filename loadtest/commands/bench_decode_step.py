@@ -3,6 +3,7 @@ beside the HBM floor computed from the checkpoint and the device's bandwidth."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shlex
 import sys
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except KVCacheTooLarge as e:
         print(f"{NAME}: error: {e}", file=sys.stderr)
         return 2
+    gc.freeze()  # as a worker does once started (services/worker/server.py)
     bandwidth = args.bandwidth_gbps or default_bandwidth_gbps(engine.device)
     weights = weight_bytes_per_step(engine.runner.model)
     print(

@@ -445,16 +445,16 @@ class LLMEngine:
         new_text = detok.release(final)
         # The histories stay where they grow (token and logprob lists only append; text past
         # `released` is the only text ever cut): each output keeps a length, not a copy.
-        tokens, start, end = seq.token_ids, seq.num_prompt_tokens, seq.num_tokens
-        released, lps = detok.released, seq.logprobs
+        tokens, end, lps = seq.token_ids, seq.num_tokens, seq.logprobs
         num_lps = 0 if lps is None else len(lps)
         snapshot = RequestOutput.snapshot
         return RequestOutput(
             request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
-            token_ids=snapshot(lambda: tokens[start:end]),
-            text=snapshot(lambda: detok.text[:released]), num_new_tokens=num_new, new_text=new_text,
-            finished=final, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            logprobs=None if lps is None else snapshot(lambda: lps[:num_lps]),
+            token_ids=snapshot(seq, "token_ids", seq.num_prompt_tokens, end),
+            text=snapshot(detok, "text", 0, detok.released), num_new_tokens=num_new,
+            new_text=new_text, finished=final, finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=None if lps is None else snapshot(seq, "logprobs", 0, num_lps),
             num_cached_tokens=seq.num_cached_tokens, new_token_ids=tokens[end - num_new:end],
             new_logprobs=None if lps is None else lps[max(0, num_lps - num_new):num_lps],
             prompt_logprobs=_take_prompt_logprobs(seq))

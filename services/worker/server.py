@@ -4,6 +4,7 @@ leases, exit 0)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -64,6 +65,9 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig,
     if config.metrics_port is not None:
         probes = serve_probes(config.host, config.metrics_port, registry,
                               lambda: not servicer.draining)
+    # Everything built so far (model, tokenizer, caches, gRPC) lives as long as the process; frozen,
+    # the collector's full passes no longer walk it and bill the pause to a decode step.
+    gc.freeze()
     loop.start()
     await server.start()
     for name in ("", SERVICE_NAME):
