@@ -94,13 +94,13 @@ def stop_reason_of(message: pb.GenerateResponse | pb.PrefillResponse) -> int | s
 def prefill_to_proto(out: RequestOutput, kv_handle: pb.KVHandle | None) -> pb.PrefillResponse:
     """The first token; then the handle to go on with, or how the answer ended at prefill."""
     response = pb.PrefillResponse(first_token_id=out.token_ids[0],
-                                  num_cached_tokens=out.num_cached_tokens)
+                                  num_cached_tokens=out.num_cached_tokens, text=out.text)
     if out.logprobs:
         response.first_logprob.CopyFrom(logprob_to_proto(out.logprobs[0]))
     if out.prompt_logprobs is not None:
         response.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
     if kv_handle is None:
-        response.finish_reason, response.text = out.finish_reason or "", out.text
+        response.finish_reason = out.finish_reason or ""
         set_stop_reason(response, out.stop_reason)
     else:
         response.kv_handle.CopyFrom(kv_handle)

@@ -29,8 +29,13 @@ async def stream_tokens(
         request.first_token_id = done.first_token_id
         if done.HasField("first_logprob"):
             request.first_logprob.CopyFrom(done.first_logprob)
-    call = decode.Generate(request, metadata=metadata)
+        # The first token goes out as the hand-off starts rather than after it. With stop strings
+        # its text may still be cut, which only the decode worker's detokenizer can tell.
+        request.first_token_streamed = not params.stop
+    call = decode.Generate(request, metadata=metadata)  # under way before the first yield
     try:
+        if request.first_token_streamed:
+            yield _first_token(done, len(prompt))
         async for message in call:
             # they travel on the stream's first message
             if prefill is not None and done.prompt_logprobs:
@@ -42,14 +47,21 @@ async def stream_tokens(
         call.cancel()
 
 
-def _finished_at_prefill(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb.GenerateResponse:
-    message = pb.GenerateResponse(token_ids=[done.first_token_id], text=done.text, finished=True,
-                                  finish_reason=done.finish_reason,
+def _first_token(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb.GenerateResponse:
+    """The prefill's answer as the stream's first message (its prompt logprobs move onto it)."""
+    message = pb.GenerateResponse(token_ids=[done.first_token_id], text=done.text,
                                   num_prompt_tokens=num_prompt_tokens,
                                   num_cached_tokens=done.num_cached_tokens, kv_source="local")
     if done.HasField("first_logprob"):
         message.logprobs.append(done.first_logprob)
     message.prompt_logprobs.extend(done.prompt_logprobs)
+    del done.prompt_logprobs[:]
+    return message
+
+
+def _finished_at_prefill(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb.GenerateResponse:
+    message = _first_token(done, num_prompt_tokens)
+    message.finished, message.finish_reason = True, done.finish_reason
     which = done.WhichOneof("stop_reason")
     if which is not None:
         setattr(message, which, getattr(done, which))

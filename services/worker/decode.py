@@ -39,6 +39,8 @@ class KVHandoff:
     handle: KVHandle
     first_token_id: int
     first_logprob: TokenLogprobs | None
+    # The caller streamed the first token already: the answer goes on after it without repeating it.
+    first_token_streamed: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class DecodeSide:
                 await self.loop.call(lambda e: e.submit(request, output_token_ids=generated))
             else:
                 kv_source, first = await self._receive(request, handoff)
+                if handoff.first_token_streamed and first is not None and not first.finished:
+                    first = None
             timer = _Timer(self.metrics, arrived)
             out = first if first is not None else await stream.get()
             while True:
@@ -106,7 +110,7 @@ class DecodeSide:
                 await self._pull(request_id, handle, blocks, hits)
         except KVTransferError as e:
             await self._drop_reservation(request_id, e)
-            return await self._fall_back(request, handle, e)
+            return await self._fall_back(request, handoff, e)
         first = await self.loop.call(lambda e: e.commit_prefilled(
             request_id, handoff.first_token_id, handoff.first_logprob))
         return "transfer", first
@@ -151,9 +155,9 @@ class DecodeSide:
         await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local,
                                 request_id.encode(), self.config.transfer_timeout_seconds)
 
-    async def _fall_back(self, request: EngineRequest, handle: KVHandle,
+    async def _fall_back(self, request: EngineRequest, handoff: KVHandoff,
                          error: KVTransferError) -> tuple[str, RequestOutput | None]:
-        request_id = request.request_id
+        request_id, handle = request.request_id, handoff.handle
         policy = self.config.transfer_failure_policy
         self.metrics.kv_fallbacks.labels(self.metrics.model_name, policy).inc()
         log.warning("request %s: KV pull from %s failed (%s); policy: %s", request_id,
@@ -161,7 +165,9 @@ class DecodeSide:
         asyncio.ensure_future(self.leases.release(handle))
         if policy == "fail":
             raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
-        await self.loop.call(lambda e: e.submit(request))
+        # A first token the client has seen is kept (recomputed as context, not drawn again).
+        streamed = [handoff.first_token_id] if handoff.first_token_streamed else None
+        await self.loop.call(lambda e: e.submit(request, output_token_ids=streamed))
         return "recompute", None
 
 

@@ -119,7 +119,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             first_lp = logprob_from_proto(
                 request.first_logprob) if request.HasField("first_logprob") else None
             handoff = KVHandoff(kv_handle_from_proto(request.kv_handle), request.first_token_id,
-                                first_lp)
+                                first_lp, request.first_token_streamed)
         self._enter()
         try:
             with tracer.start_as_current_span("decode", context=_trace_context(context),

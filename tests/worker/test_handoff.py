@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 import pytest
 
 from baton.services.cli.main import main
+from baton.services.common.handoff_client import stream_tokens
+from baton.v1 import worker_pb2 as pb
 from tests.engine.engine_helpers import random_prompts
 from tests.launcher import start_workers
 from tests.worker.streams import collect, greedy_params, run_all
@@ -92,3 +95,35 @@ def test_second_request_moves_only_missing_blocks(model):
     finally:
         prefill.service.terminate()
         decode.service.terminate()
+
+
+def test_first_token_streams_before_the_hand_off(model, prompts, mixed):
+    """The prefill's first token reaches the caller while the decode worker cannot even answer
+    (stopped); the rest follows once it runs, token for token as colocated. With stop strings the
+    first token waits for the decode worker, whose detokenizer decides what text a stop cuts."""
+    prefill, decode = start_workers(model, ["prefill", "decode"])
+    params = greedy_params(NEW_TOKENS)
+    expected, _ = asyncio.run(collect(mixed, None, "early-ref", prompts[5], params))
+
+    async def first_then_rest(with_stop: bool) -> tuple[pb.GenerateResponse | None, list[int]]:
+        p = pb.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                              stop=["<never>"] if with_stop else [])
+        stream = stream_tokens(decode.stub(), prefill.stub(),
+                               pb.RequestMeta(request_id=f"early-{with_stop}"), prompts[5], p)
+        decode.service.process.send_signal(signal.SIGSTOP)
+        try:
+            first = await asyncio.wait_for(anext(stream), 3 if with_stop else 60)
+        except TimeoutError:
+            return None, []
+        finally:
+            decode.service.process.send_signal(signal.SIGCONT)
+        return first, [t async for m in stream for t in m.token_ids]
+
+    try:
+        first, rest = asyncio.run(first_then_rest(with_stop=False))
+        assert list(first.token_ids) == expected[:1] and first.kv_source == "local"
+        assert rest == expected[1:]
+        assert decode.metric("baton_kv_transfer_bytes_total") > 0
+        assert asyncio.run(first_then_rest(with_stop=True)) == (None, [])
+    finally:
+        assert [prefill.service.terminate(), decode.service.terminate()] == [0, 0]

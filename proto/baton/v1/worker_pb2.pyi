@@ -181,7 +181,7 @@ class PrefillResponse(_message.Message):
     def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., kv_handle: _Optional[_Union[KVHandle, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("meta", "prompt_token_ids", "params", "kv_handle", "first_token_id", "first_logprob", "output_token_ids")
+    __slots__ = ("meta", "prompt_token_ids", "params", "kv_handle", "first_token_id", "first_logprob", "output_token_ids", "first_token_streamed")
     META_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class GenerateRequest(_message.Message):
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_STREAMED_FIELD_NUMBER: _ClassVar[int]
     meta: RequestMeta
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: SamplingParams
@@ -196,7 +197,8 @@ class GenerateRequest(_message.Message):
     first_token_id: int
     first_logprob: TokenLogprob
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, meta: _Optional[_Union[RequestMeta, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., kv_handle: _Optional[_Union[KVHandle, _Mapping]] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    first_token_streamed: bool
+    def __init__(self, meta: _Optional[_Union[RequestMeta, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., kv_handle: _Optional[_Union[KVHandle, _Mapping]] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., first_token_streamed: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "logprobs", "finished", "finish_reason", "stop_token_id", "stop_string", "num_prompt_tokens", "num_cached_tokens", "kv_source", "prompt_logprobs")
