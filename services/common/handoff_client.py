@@ -9,6 +9,13 @@ from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
 
 
+def first_token_at_prefill(params: pb.SamplingParams) -> bool:
+    """Whether a hand-off's first token goes out as the prefill returns rather than after the
+    hand-off. With stop strings its text may still be cut, which only the decode worker's
+    detokenizer can tell."""
+    return not params.stop
+
+
 async def stream_tokens(
     decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
     meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
@@ -29,9 +36,7 @@ async def stream_tokens(
         request.first_token_id = done.first_token_id
         if done.HasField("first_logprob"):
             request.first_logprob.CopyFrom(done.first_logprob)
-        # The first token goes out as the hand-off starts rather than after it. With stop strings
-        # its text may still be cut, which only the decode worker's detokenizer can tell.
-        request.first_token_streamed = not params.stop
+        request.first_token_streamed = first_token_at_prefill(params)
     call = decode.Generate(request, metadata=metadata)  # under way before the first yield
     try:
         if request.first_token_streamed:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.services.common.handoff_client import stream_tokens
+from baton.services.common.handoff_client import first_token_at_prefill, stream_tokens
 from baton.services.common.worker_stubs import WorkerStubs
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2
 
@@ -81,7 +81,9 @@ class Orchestrator:
                                           tenant=choice.tenant, cache_salt=choice.cache_salt,
                                           priority=choice.priority,
                                           max_tokens=choice.params.max_tokens,
-                                          excluded_worker_ids=excluded)
+                                          excluded_worker_ids=excluded,
+                                          first_token_at_prefill=first_token_at_prefill(
+                                              choice.params))
         if choice.ttft_slo_ms is not None:
             request.ttft_slo_ms = int(choice.ttft_slo_ms)
         if choice.tpot_slo_ms is not None:

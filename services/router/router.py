@@ -53,6 +53,8 @@ class PlaceRequest:
     tpot_slo_s: float | None = None  # None: the configured default
     # workers the request's stream broke on before (a migration); never chosen again
     excluded_worker_ids: frozenset[str] = frozenset()
+    # the caller streams a remote prefill's first token at once: no decode join wait in its TTFT
+    first_token_at_prefill: bool = False
 
 
 @dataclass(frozen=True)
@@ -431,7 +433,8 @@ class Router:
         computing = prefill if prefill is not None else decode
         predicted = self.predictor.predict(computing.worker_id, computing.queued_prefill_tokens(),
                                            sreq.uncached_tokens(computing.worker_id))
-        predicted += decode_join_wait_s(decode, tpot.get(decode.worker_id))
+        if prefill is None or not pending.request.first_token_at_prefill:
+            predicted += decode_join_wait_s(decode, tpot.get(decode.worker_id))
         saturated = decode_pick.reason == "all_saturated" or (
             prefill is not None and prefill_pick is not None and
             prefill_pick.reason == "all_saturated")

@@ -54,7 +54,8 @@ def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
         max_tokens=request.max_tokens,
         ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
         tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
-        excluded_worker_ids=frozenset(request.excluded_worker_ids))
+        excluded_worker_ids=frozenset(request.excluded_worker_ids),
+        first_token_at_prefill=request.first_token_at_prefill)
 
 
 def retry_after_ms(rejection: Rejection) -> int:

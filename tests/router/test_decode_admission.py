@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from baton.services.common.roles import Role
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.router import Placement, PlaceRequest, Queued
 
@@ -84,6 +85,18 @@ def test_ttft_prediction_counts_the_decode_join_wait():
     joined = router.place(PlaceRequest("b", PROMPT[100:164])).predicted_ttft_s  # not cached by "a"
     # the step in progress and two waiting ahead
     assert joined == pytest.approx(0.0064 + 0.051 * 3, rel=0.02)
+
+
+@pytest.mark.parametrize("at_prefill, join_steps", [(False, 3), (True, 0)])
+def test_remote_prefill_whose_first_token_streams_at_once_skips_the_join_wait(
+        at_prefill, join_steps):
+    router, clock, _, _ = make_router(max_local_prefill_tokens=0)
+    add(router, clock, "p0", role=Role.PREFILL)
+    add(router, clock, "d0")
+    router.on_stats(decode_stats("d0", clock() + 1, rows=40, waiting=2))  # 51 ms a step
+    placed = router.place(PlaceRequest("a", SHORT, first_token_at_prefill=at_prefill))
+    assert placed.prefill_worker_id == "p0"
+    assert placed.predicted_ttft_s == pytest.approx(0.0064 + 0.051 * join_steps, rel=0.02)
 
 
 def test_queued_deadline_keeps_the_admission_headroom():
