@@ -63,6 +63,18 @@ class RequestOutput:
         self.new_token_ids = new_token_ids
         self.new_logprobs = new_logprobs
 
+    def then(self, later: "RequestOutput") -> "RequestOutput":
+        """This output and the request's next one as one: the deltas of both, the state of the
+        later (a consumer that fell behind sends one message where it had two)."""
+        new_logprobs = None if self.new_logprobs is None or later.new_logprobs is None else [
+            *self.new_logprobs, *later.new_logprobs]
+        return RequestOutput(
+            self.request_id, self.prompt_token_ids, later._token_ids, later._text,
+            self.num_new_tokens + later.num_new_tokens, self.new_text + later.new_text,
+            later.finished, later.finish_reason, later.stop_reason, later._logprobs,
+            later.num_cached_tokens, [*self.new_token_ids, *later.new_token_ids], new_logprobs,
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs)
+
     @staticmethod
     def snapshot(owner: Any, attr: str, start: int, end: int) -> _Snapshot:
         """owner.attr[start:end] as it is now, read only if asked for (see _Snapshot)."""

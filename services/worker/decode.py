@@ -76,18 +76,25 @@ class DecodeSide:
                 await self.loop.call(lambda e: e.submit(request, output_token_ids=generated))
             else:
                 kv_source, first = await self._receive(request, handoff)
-                if handoff.first_token_streamed and first is not None and not first.finished:
-                    first = None
+            # A first token the caller streamed already is timed here but not sent again.
+            unsent = first is not None and not first.finished and handoff.first_token_streamed
             timer = _Timer(self.metrics, arrived)
             out = first if first is not None else await stream.get()
             while True:
                 timer.token()
-                yield Served(out, kv_source)
+                if unsent:
+                    unsent = False
+                else:
+                    yield Served(out, kv_source)
                 if out.finished:
                     finished = True
                     timer.done(out.finish_reason or "")
                     return
                 out = await stream.get()
+                # Behind the engine (a busy event loop or a slow reader): one message for all the
+                # tokens waiting, rather than one per token, so the backlog costs less to clear.
+                while not out.finished and not stream.empty():
+                    out = out.then(stream.get_nowait())
         finally:
             self.loop.close_stream(request_id)
             # the caller went away, or we failed: stop the work and free the blocks

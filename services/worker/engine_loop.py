@@ -92,10 +92,16 @@ class EngineLoop:
                 self.loop.call_soon_threadsafe(_settle, future, result, None)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        # One wake-up of the event loop per step rather than per output: each call_soon_threadsafe
+        # writes to the loop's self-pipe, a system call on the thread that feeds the device.
+        if outputs:
+            self.loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
-                self.loop.call_soon_threadsafe(stream.put_nowait, out)
+                stream.put_nowait(out)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -29,3 +29,21 @@ def test_constructed_outputs_derive_their_deltas():
     out = RequestOutput(request_id="x", prompt_token_ids=[1], token_ids=[5, 6, 7], text="abc",
                         num_new_tokens=2, new_text="bc")
     assert out.new_token_ids == [6, 7] and out.new_logprobs is None and out.text == "abc"
+
+
+def test_outputs_merged_in_order_carry_both_deltas_and_the_later_state(tiny_model_dirs):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
+    engine.add_request("r", list(range(20, 40)),
+                       SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1))
+    outs: list[RequestOutput] = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    merged = outs[1]
+    for later in outs[2:]:
+        merged = merged.then(later)
+    assert merged.new_token_ids == [t for o in outs[1:] for t in o.new_token_ids]
+    assert merged.num_new_tokens == 5 and merged.new_text == "".join(o.new_text for o in outs[1:])
+    assert merged.new_logprobs == [lp for o in outs[1:] for lp in o.new_logprobs]
+    assert merged.finished and merged.finish_reason == "length"
+    assert merged.token_ids == outs[-1].token_ids and merged.text == outs[-1].text
+    assert outs[0].then(outs[1]).token_ids == outs[1].token_ids  # the history as of the later one
