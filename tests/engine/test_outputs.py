@@ -5,13 +5,20 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 
 
-def test_deltas_add_up_and_histories_are_snapshots(tiny_model_dirs):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
+def every_output(model_dir, max_tokens: int, logprobs: int) -> list[RequestOutput]:
+    """One greedy request's outputs, step by step."""
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))
     engine.add_request("r", list(range(20, 40)),
-                       SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2))
+                       SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                      logprobs=logprobs))
     outs: list[RequestOutput] = []
     while engine.has_unfinished_requests():
         outs += engine.step()
+    return outs
+
+
+def test_deltas_add_up_and_histories_are_snapshots(tiny_model_dirs):
+    outs = every_output(tiny_model_dirs["llama"], max_tokens=12, logprobs=2)
     tokens, text, logprobs = [], "", []
     for out in outs:  # read only after the request finished: each must still show its own step
         assert len(out.new_token_ids) == out.num_new_tokens == 1
@@ -32,12 +39,7 @@ def test_constructed_outputs_derive_their_deltas():
 
 
 def test_outputs_merged_in_order_carry_both_deltas_and_the_later_state(tiny_model_dirs):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
-    engine.add_request("r", list(range(20, 40)),
-                       SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1))
-    outs: list[RequestOutput] = []
-    while engine.has_unfinished_requests():
-        outs += engine.step()
+    outs = every_output(tiny_model_dirs["llama"], max_tokens=6, logprobs=1)
     merged = outs[1]
     for later in outs[2:]:
         merged = merged.then(later)
