@@ -391,7 +391,8 @@ class LLMEngine:
         masks = self._masks.fill([item.seq for item in items]) if self._masks else None
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
-        prompt_tokens = sum(_prompt_tokens_in(s) for s in scheduled)
+        prompt_counts = [_prompt_tokens_in(s) for s in scheduled]
+        prompt_tokens = sum(prompt_counts)
         self.counters.prompt_tokens_computed += prompt_tokens
         seqs = [item.seq for item in items]
         tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids, masks)
@@ -399,7 +400,7 @@ class LLMEngine:
         self.counters.recent_step_seconds.append(seconds)
         if prompt_tokens:
             self.counters.recent_prefill_steps.append((prompt_tokens, seconds))
-        decode = [s for s in scheduled if _prompt_tokens_in(s) == 0]
+        decode = [s for s, n in zip(scheduled, prompt_counts) if n == 0]
         self.counters.decode_cost.record(len(decode),
                                          sum(s.seq.num_computed_tokens for s in decode), seconds)
         return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
