@@ -114,4 +114,6 @@ def test_two_replicas_do_not_herd_on_a_shared_prefix():
     assert codes[:2] == [0, 0], services[0].log() + services[1].log()
     assert finished_early == 0 and sum(counts.values()) == BURST
     mean = BURST / WORKERS
-    assert max(counts.values()) <= 1.5 * mean, f"herding: {dict(counts)} (mean {mean})"
+    # Herding piles far more on one worker (test_cold_start_herd.py saw 113 of 200 before its fix);
+    # stats polled late on a busy machine give up to 78 without it (load 12-16), so 85 is the bound.
+    assert max(counts.values()) <= 1.7 * mean, f"herding: {dict(counts)} (mean {mean})"
