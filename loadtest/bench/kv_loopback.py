@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -146,6 +147,24 @@ def _source_main(spec: SourceSpec, conn: Any) -> None:
     conn.send("stopped")
 
 
+PAUSE_TIMEOUT_S = 5.0
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of pid in state T (stopped), from /proc/PID/task/*/stat: the state follows
+    the parenthesised command name."""
+    tasks = f"/proc/{pid}/task"
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except FileNotFoundError:  # a thread that ended meanwhile runs nothing
+            continue
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 class SourceProcess:
     """The parent's handle on a source child; `start` again after `kill` restarts it on the same
     name and ports."""
@@ -183,8 +202,15 @@ class SourceProcess:
         return self._ask("digest", blocks)
 
     def pause(self) -> None:
-        """SIGSTOP: alive and connected but answering nothing, as a wedged worker."""
+        """SIGSTOP: alive and connected but answering nothing, as a wedged worker. Returns once
+        every thread has stopped: delivery is asynchronous, and on a busy machine a thread still
+        running could answer a request sent right after the signal."""
         os.kill(self._process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + PAUSE_TIMEOUT_S
+        while not _all_threads_stopped(self._process.pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {self._process.pid} did not stop")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         os.kill(self._process.pid, signal.SIGCONT)
