@@ -53,8 +53,11 @@ class Gateway:
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
 
     def default_tenant(self) -> Tenant:
-        return Tenant(DEFAULT_TENANT, requests_per_minute=self.config.default_requests_per_minute,
-                      tokens_per_minute=self.config.default_tokens_per_minute)
+        config = self.config
+        return Tenant(DEFAULT_TENANT, requests_per_minute=config.default_requests_per_minute,
+                      tokens_per_minute=config.default_tokens_per_minute,
+                      min_priority=config.default_min_priority,
+                      max_priority=config.default_max_priority)
 
 
 def _schema(model: type) -> dict[str, Any]:
@@ -153,13 +156,15 @@ async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str
     if oai.model is not None and oai.model != gateway.model_name:
         return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
                                    f"`{gateway.model_name}`", "model_not_found", param="model")
+    priority = tenant.priority_for(oai.priority, gateway.config.max_request_priority)
     inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len,
                           gateway.config.max_logprobs, gateway.vocab_size)
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
                           len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
-    api = ApiRequest(oai, inp, tenant, new_response_id(oai), started, _trace_headers(request))
-    log.debug("request %s: %d prompt tokens, n=%d, tenant %s", api.response_id,
-              len(inp.prompt_token_ids), inp.n, tenant.name)
+    api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
+                     _trace_headers(request))
+    log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
+              len(inp.prompt_token_ids), inp.n, tenant.name, priority)
     if oai.stream:
         # placement errors become HTTP statuses before the stream opens
         first = await serving.start(api)

@@ -54,6 +54,19 @@ class GatewayConfig(BatonSettings):
     default_tokens_per_minute: int | None = Field(
         None, ge=1,
         description="Token rate limit (prompt + max_tokens) of the default tenant (unset: none)")
+    max_request_priority: int = Field(
+        1000, ge=0, le=1_000_000,
+        description="Largest magnitude of a request's `priority` (vLLM's meaning: lower is served "
+                    "earlier); beyond it is a 400. Within it, the result is clamped to the "
+                    "tenant's band (see the API keys file)")
+    default_min_priority: int | None = Field(
+        None, ge=-1_000_000_000, le=0,
+        description="Lowest priority (higher is served first) the default tenant's requests may "
+                    "ask for (unset: as low as --max-request-priority allows)")
+    default_max_priority: int = Field(
+        0, ge=0, le=1_000_000_000,
+        description="Highest priority (higher is served first) the default tenant's requests may "
+                    "ask for; its own is 0")
     max_migrations: int = Field(
         2, ge=0,
         description="How often a request may move to another decode worker after one "

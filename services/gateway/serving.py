@@ -34,6 +34,7 @@ class ApiRequest:
     oai: OpenAIRequest
     inp: EngineInput
     tenant: Tenant
+    priority: int  # the tenant's, moved by the request's within its band; higher is served first
     response_id: str
     started: float  # time.monotonic() at arrival
     trace_headers: dict[str, str]
@@ -100,7 +101,7 @@ class Serving:
     async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
                           metadata: tuple[tuple[str, str], ...]) -> None:
         inp = api.inp
-        priority = api.tenant.priority + inp.priority
+        priority = api.priority
         salt = api.tenant.cache_salt or ""
         if inp.cache_salt:
             salt = f"{salt}|{inp.cache_salt}"

@@ -14,6 +14,11 @@ tenants:
   - name: limited
     keys: ["sk-limited"]
     requests_per_minute: 2
+  - name: banded
+    keys: ["sk-banded"]
+    priority: 1
+    min_priority: -2
+    max_priority: 3
 """
 
 
