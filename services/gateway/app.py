@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from transformers import PreTrainedTokenizerBase
 
@@ -28,7 +28,7 @@ from baton.services.gateway.errors import error_response, install_handlers, prot
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator, Refused
 from baton.services.gateway.rate_limits import RateLimited, RateLimiter
-from baton.services.gateway.serving import ApiRequest, Serving
+from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.gateway.tenants import DEFAULT_TENANT, AuthError, KeyStore, Tenant
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str
     if oai.stream:
         # placement errors become HTTP statuses before the stream opens
         first = await serving.start(api)
-        return StreamingResponse(serving.stream(api, first), media_type="text/event-stream")
+        return StreamedResponse(serving, api, first)
     body = await _collect(serving, api, request)
     # 499 (nginx's "client closed request"): nobody reads it, but the requests counter shows it
     return JSONResponse(body) if body is not None else Response(status_code=CLIENT_CLOSED)

@@ -1,6 +1,10 @@
 """Runs an API request's n choices concurrently through the orchestrator, and turns their messages
 into a streamed SSE body or the parts of a final response; meters tokens, SLOs and goodput when each
-choice ends."""
+choice ends.
+
+Every choice ends with exactly one last event (its end or its error), whatever it raised, so nothing
+waits on a choice forever; and a request ends (choices cancelled, in-flight count down) however its
+client left, the stream's response owning it from start to end."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 from opentelemetry import propagate, trace
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from baton.services.common.convert import params_to_proto
 from baton.services.common.openai_protocol import EngineInput, OpenAIRequest
@@ -50,6 +56,24 @@ class Running:
     tasks: list[asyncio.Task]
     span: trace.Span
     pending: list[tuple[int, object]] = field(default_factory=list)
+    # set once the choices are cancelled: done when they have all unwound
+    ended: asyncio.Future | None = None
+
+
+class StreamedResponse(StreamingResponse):
+    """The SSE response of a running request, which ends the request however the response ends:
+    streamed to the end, or cut by the client before or during the stream. Starlette cancels the
+    body on a disconnect and may never start it, so the body's own cleanup cannot be relied on."""
+
+    def __init__(self, serving: Serving, api: ApiRequest, running: Running) -> None:
+        super().__init__(serving.stream(api, running), media_type="text/event-stream")
+        self.serving, self.running = serving, running
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.serving.end(self.running)
 
 
 class Serving:
@@ -84,50 +108,76 @@ class Serving:
         ]
         running = Running(api, states, events, tasks, span)
         self.gateway.metrics.in_flight.inc()
-        first = await events.get()
+        try:
+            first = await events.get()
+        except BaseException:  # the caller was cancelled (its client left): nobody will finish it
+            self.end(running)
+            raise
         if isinstance(first[1], Refused):
             await self.finish(running)
             raise first[1]
         running.pending.append(first)
         return running
 
-    async def finish(self, running: Running) -> None:
-        for task in running.tasks:
-            task.cancel()
-        await asyncio.gather(*running.tasks, return_exceptions=True)
+    def end(self, running: Running) -> asyncio.Future:
+        """Cancels the request's choices (they release their leases and abort their worker requests
+        as they unwind) and counts the request out once they have. Synchronous, so that a caller
+        being cancelled (anyio's cancel scope cancels every await of a cut stream's body) cannot
+        skip it; a second call does nothing more."""
+        if running.ended is None:
+            for task in running.tasks:
+                task.cancel()
+            running.ended = asyncio.gather(*running.tasks, return_exceptions=True)
+            running.ended.add_done_callback(lambda _: self._ended(running))
+        return running.ended
+
+    def _ended(self, running: Running) -> None:
         running.span.end()
         self.gateway.metrics.in_flight.dec()
 
-    async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
-                          metadata: tuple[tuple[str, str], ...]) -> None:
+    async def finish(self, running: Running) -> None:
+        """Ends the request and waits until its choices have unwound (metered, leases released)."""
+        await asyncio.shield(self.end(running))
+
+    def _choice(self, api: ApiRequest, state: ChoiceState, slo: SLO | None,
+                metadata: tuple[tuple[str, str], ...]) -> ChoiceRequest:
         inp = api.inp
-        priority = api.priority
         salt = api.tenant.cache_salt or ""
         if inp.cache_salt:
             salt = f"{salt}|{inp.cache_salt}"
-        slo = self.slo_for(priority)
-        choice = ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
-                               params_to_proto(inp.params.for_choice(state.index)), api.tenant.name,
-                               priority, salt, slo.ttft_ms if slo else None,
-                               slo.tpot_ms if slo else None, metadata)
+        return ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
+                             params_to_proto(inp.params.for_choice(state.index)), api.tenant.name,
+                             api.priority, salt, slo.ttft_ms if slo else None,
+                             slo.tpot_ms if slo else None, metadata)
+
+    async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
+                          metadata: tuple[tuple[str, str], ...]) -> None:
+        slo = self.slo_for(api.priority)
         progress = ChoiceProgress()
+        last: object = _END
         try:
+            choice = self._choice(api, state, slo, metadata)
             async for message in self.gateway.orchestrator.run(choice, progress):
                 events.put_nowait((state.index, message))
-            events.put_nowait((state.index, _END))
         except Refused as e:
             # A refusal is an answer, counted by code (baton_gateway_rejections_total), not a
             # failure to log.
             log.debug("request %s: choice %d refused: %s", api.response_id, state.index, e.message)
-            events.put_nowait((state.index, e))
+            last = e
         except grpc.aio.AioRpcError as e:
             log.warning("request %s: choice %d failed: %s", api.response_id, state.index,
                         e.details())
-            events.put_nowait((state.index, e))
+            last = e
+        except Exception as e:
+            log.exception("request %s: choice %d failed unexpectedly", api.response_id,
+                          state.index)
+            last = Refused(500, f"internal error: {type(e).__name__}", "internal_error")
         finally:
-            self._meter(api, state, progress, priority, slo)
+            # also when cancelled, so the one reading the events is never left waiting
+            events.put_nowait((state.index, last))
+            self._meter(api, state, progress, slo)
 
-    def _meter(self, api: ApiRequest, state: ChoiceState, progress: ChoiceProgress, priority: int,
+    def _meter(self, api: ApiRequest, state: ChoiceState, progress: ChoiceProgress,
                slo: SLO | None) -> None:
         metrics, tenant = self.gateway.metrics, api.tenant.name
         tokens = len(progress.tokens)
@@ -135,7 +185,7 @@ class Serving:
                 api.started if progress.first_token_at is not None else None)
         if ttft is not None:
             metrics.ttft.observe(ttft)
-        metrics.finish_choice(priority, slo if state.finish_reason else None, ttft,
+        metrics.finish_choice(api.priority, slo if state.finish_reason else None, ttft,
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
         metrics.completion_tokens.labels(tenant).inc(tokens)

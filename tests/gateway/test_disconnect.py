@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from baton.services.common.process import ServiceProcess
-from tests.launcher import blocks_all_free, metric
+from tests.launcher import blocks_all_free, metric, wait_for
 
 ADMIT_WITHIN_S = 30.0  # a loaded test machine may take long to prefill; only the freeing is timed
 
@@ -63,3 +63,22 @@ def test_disconnect_frees_blocks_within_a_second(colocated, model, stream):
         closed = colocated.gateway_metric("baton_gateway_requests_total", status="499")
         assert closed == closed_before + 1
         assert "CancelledError" not in colocated.gateway.log(), "the abandoned request raised"
+
+
+def test_disconnected_streams_leave_nothing_in_flight(colocated, model):
+    """Each stream cut mid-way used to stay counted in baton_gateway_requests_in_flight: Starlette
+    cancels a cut stream's body in a cancel scope that also cancelled the cleanup's own await."""
+    body = {
+        "model": model.name, "prompt": "tell me everything", "max_tokens": 1500, "temperature": 0,
+        "ignore_eos": True, "stream": True
+    }
+    for _ in range(5):
+        with httpx.Client(base_url=colocated.url, timeout=30) as http:
+            with http.stream("POST", "/completions", json=body) as response:
+                assert response.status_code == 200, response.read()
+                lines = response.iter_lines()
+                while sum(1 for _ in zip(range(3), lines)) < 3:
+                    pass
+    wait_for(lambda: colocated.gateway_metric("baton_gateway_requests_in_flight") == 0,
+             timeout=5, what="no request in flight")
+    _wait_free(colocated, within=5.0)

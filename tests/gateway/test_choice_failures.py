@@ -1,0 +1,42 @@
+"""A choice that fails in a way nobody planned for (here protobuf refusing a priority past int32,
+what an unchecked `priority` once did) ends its request with a 500 logged once with the request id,
+streamed or not, instead of leaving the request waiting forever and counted in flight. A real
+gateway (tokenizer, orchestrator) whose router is never reached: the failure comes before any
+call."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from baton.services.common.openai_protocol import new_response_id, parse_request, to_engine_input
+from baton.services.gateway.config import GatewayConfig
+from baton.services.gateway.orchestrator import Refused
+from baton.services.gateway.server import build_gateway
+from baton.services.gateway.serving import ApiRequest, Serving
+
+IN_FLIGHT = "baton_gateway_requests_in_flight"
+
+
+def _request(serving: Serving, stream: bool) -> ApiRequest:
+    gateway = serving.gateway
+    oai = parse_request("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream})
+    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len)
+    return ApiRequest(oai, inp, gateway.default_tenant(), 2**40, new_response_id(oai), 0.0, {})
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_unexpected_error_in_a_choice_ends_the_request_with_a_500(
+        stream: bool, caplog: pytest.LogCaptureFixture) -> None:
+    gateway = build_gateway(GatewayConfig(auth=False, router="127.0.0.1:1"))
+    serving = Serving(gateway)
+    api = _request(serving, stream)
+    with caplog.at_level(logging.INFO, logger="baton.services.gateway"):
+        with pytest.raises(Refused) as refused:
+            await asyncio.wait_for(serving.start(api) if stream else serving.collect(api), 10)
+    assert (refused.value.status, refused.value.code) == (500, "internal_error")
+    assert gateway.registry.get_sample_value(IN_FLIGHT) == 0
+    logged = [r for r in caplog.records if api.response_id in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.ERROR and logged[0].exc_info
