@@ -151,6 +151,9 @@ class _Request(BaseModel):
             request = cls.model_validate(body)
         except ValidationError as e:
             raise _from_validation_error(e) from None
+        except RecursionError:  # a validator that recurses (jsonschema's, on a tool's schema)
+            raise ProtocolError("the request nests too deeply to be validated",
+                                code="invalid_json") from None
         request._check()
         return request
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +23,7 @@ from baton.services.common.openai_protocol import (ChatCompletionRequest, Comple
                                                    to_engine_input)
 from baton.services.common.openai_render import build_response
 from baton.services.common.tool_parsers import ToolParser
+from baton.services.gateway.body import parse_json, read_body
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.errors import error_response, install_handlers, protocol_error_response
@@ -51,6 +53,12 @@ class Gateway:
     tool_parser: ToolParser | None = None
     draining: bool = False
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
+    # renders chat templates and tokenizes, so a long prompt does not stall the event loop
+    tokenize_pool: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokenize_pool = ThreadPoolExecutor(self.config.tokenizer_threads,
+                                                thread_name_prefix="tokenize")
 
     def default_tenant(self) -> Tenant:
         config = self.config
@@ -133,32 +141,22 @@ async def _serve(gateway: Gateway, serving: Serving, request: Request, url: str)
     return response
 
 
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ProtocolError(f"the request body is not valid UTF-8: {e}",
-                            code="invalid_encoding") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProtocolError(f"the request body is not valid JSON: {e}",
-                            code="invalid_json") from None
-
-
 async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str,
                   started: float) -> Response:
-    body = await _read_json(request)
+    config = gateway.config
+    # the key first: nobody without one gets the body read and parsed
     tenant = gateway.keys.tenant_for(request.headers.get("authorization")) if gateway.keys else \
         gateway.default_tenant()
-    oai = parse_request(url, body)
+    raw = await read_body(request, config.max_request_body_bytes)
+    oai = parse_request(url, parse_json(raw, config.max_json_depth))
     if oai.model is not None and oai.model != gateway.model_name:
         return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
                                    f"`{gateway.model_name}`", "model_not_found", param="model")
-    priority = tenant.priority_for(oai.priority, gateway.config.max_request_priority)
-    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len,
-                          gateway.config.max_logprobs, gateway.vocab_size)
+    priority = tenant.priority_for(oai.priority, config.max_request_priority)
+    inp = await asyncio.get_running_loop().run_in_executor(
+        gateway.tokenize_pool,
+        partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
+                config.max_logprobs, gateway.vocab_size))
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
                           len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,

@@ -42,6 +42,17 @@ class GatewayConfig(BatonSettings):
     max_model_len: int | None = Field(None, ge=1,
                                       description="Context length (default: the model's)")
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
+    max_request_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024,
+        description="Largest request body accepted; a larger one is refused with 413 before it is "
+                    "read (by Content-Length, or as a chunked body's bytes arrive)")
+    max_json_depth: int = Field(
+        128, ge=8, le=512,
+        description="Deepest nesting of arrays and objects a request body may have (400 beyond)")
+    tokenizer_threads: int = Field(
+        2, ge=1,
+        description="Threads that render chat templates and tokenize prompts, off the event loop; "
+                    "further requests wait for one")
     api_keys_file: str | None = Field(
         None,
         description="YAML/JSON file of tenants and their API keys (a Kubernetes Secret "

@@ -22,7 +22,10 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
 
 
 def protocol_error_response(error: ProtocolError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    # A body refused for its size is left unread: closing the connection spares reading it all to
+    # find where the next request starts.
+    headers = {"Connection": "close"} if error.status == 413 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -170,6 +170,15 @@ def test_unknown_url_and_non_object_body():
     assert refusal(COMPLETIONS, ["x"]).param == "body"
 
 
+def test_a_body_too_deep_for_a_validator_is_a_400_not_a_recursion_error():
+    schema: dict = {"type": "string"}
+    for _ in range(400):  # jsonschema checks a tool's parameters recursively
+        schema = {"type": "object", "properties": {"a": schema}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    error = refusal(CHAT, {"messages": USER, "tools": [tool]})
+    assert error.code == "invalid_json" and "too deeply" in error.message
+
+
 def test_context_length_errors_name_the_limit(tokenizer):
     too_long = refusal(COMPLETIONS, {"prompt": list(range(1, MAX_LEN + 1))}, tokenizer)
     assert too_long.param == "prompt" and too_long.code == "context_length_exceeded"
