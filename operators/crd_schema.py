@@ -385,7 +385,8 @@ def pool_status() -> Schema:
         "pendingReplicas": {"type": "integer"}, "desiredReplicas": {"type": "integer"},
         "selector": string("Label selector of the pool's pods, for the scale subresource"),
         "observedGeneration": {"type": "integer"}, "conditions": CONDITIONS, "lastScaling": SCALING,
-        "lastDecision": SCALING
+        "lastDecision": SCALING,
+        "workload": string("What runs the replicas: Deployment or LeaderWorkerSet"),
     })
 
 
