@@ -345,7 +345,8 @@ def deployment_spec() -> Schema:
 
 def deployment_status() -> Schema:
     pool_status = obj({"replicas": {"type": "integer"}, "readyReplicas": {"type": "integer"},
-                       "desiredReplicas": {"type": "integer"}, "mode": {"type": "string"}})
+                       "desiredReplicas": {"type": "integer"}, "mode": {"type": "string"},
+                       "gpus": {"type": "integer"}})
     return obj({"observedGeneration": {"type": "integer"}, "conditions": CONDITIONS,
                 "pools": {"type": "object", "additionalProperties": pool_status},
                 "lastScaling": SCALING})
@@ -386,6 +387,7 @@ def pool_status() -> Schema:
         "selector": string("Label selector of the pool's pods, for the scale subresource"),
         "observedGeneration": {"type": "integer"}, "conditions": CONDITIONS, "lastScaling": SCALING,
         "lastDecision": SCALING,
+        "gpus": integer("GPUs the pool's replicas hold (replicas x GPUs per replica)"),
         "workload": string("What runs the replicas: Deployment or LeaderWorkerSet"),
     })
 
@@ -443,6 +445,7 @@ def pool_crd() -> dict[str, Any]:
         column("Mode", ".spec.autoscaling.mode"),
         column("Desired", ".spec.replicas", "integer"),
         column("Ready", ".status.readyReplicas", "integer"),
+        column("GPUs", ".status.gpus", "integer"),
         column("TP", ".spec.tensorParallelSize", "integer", priority=1),
         column("Min", ".spec.minReplicas", "integer", priority=1),
         column("Max", ".spec.maxReplicas", "integer", 1),

@@ -15,6 +15,7 @@ import kopf
 
 from baton.operators import conditions, drain, spec as specs
 from baton.operators import resources as r
+from baton.operators.autoscaler.gpu_seconds import GpuSeconds
 from baton.operators.autoscaler.loop import evaluate
 from baton.operators.autoscaler.signals import PrometheusSource, RouterStatsSource
 from baton.operators.children import all_children
@@ -50,6 +51,7 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) ->
                                          if config.prometheus_url else
                                          RouterStatsSource(memo.session, config.router_stats_path))
     memo.states = {}
+    memo.gpu_seconds = GpuSeconds()
     memo.monitors = await memo.kube.served(f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}")
 
 
@@ -180,6 +182,7 @@ async def delete_pool(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         if kind != "ServiceMonitor" or memo.monitors:
             await memo.kube.delete(kind, namespace, name)
     memo.states.pop(f"{namespace}/{name}", None)
+    memo.gpu_seconds.forget(f"{namespace}/{name}")
 
 
 async def autoscale_pool(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo,
@@ -193,7 +196,7 @@ async def autoscale_pool(body: kopf.Body, status: kopf.Status, patch: kopf.Patch
         kopf.event(obj, type="Normal", reason=reason, message=message)
 
     _, fields = await evaluate(memo.kube, memo.source, {**obj, "spec": spec}, spec, memo.states,
-                               emit)
+                               emit, memo.gpu_seconds)
     set_status(patch, status, fields)
     await publish_to_owner(memo.kube, obj, spec, fields)
 
@@ -209,7 +212,8 @@ async def publish_to_owner(kube: Kube, pool: Obj, spec: Obj, fields: Obj) -> Non
     entry = {
         "replicas": spec["replicas"], "readyReplicas": fields["readyReplicas"],
         "desiredReplicas": fields.get("desiredReplicas",
-                                      spec["replicas"]), "mode": spec["autoscaling"]["mode"]
+                                      spec["replicas"]), "mode": spec["autoscaling"]["mode"],
+        "gpus": fields["gpus"]
     }
     pools = {**status.get("pools", {}), spec["role"]: entry}
     want: Obj = {"pools": pools}

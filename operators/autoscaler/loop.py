@@ -9,11 +9,12 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from baton.operators import metrics
+from baton.operators.autoscaler.gpu_seconds import GpuSeconds
 from baton.operators.autoscaler.policy import (Decision, PoolState, Policy, Signals, StepRules,
                                                decide, next_state)
 from baton.operators.autoscaler.signals import PoolRef, SignalSource
 from baton.operators.kube import Kube
-from baton.operators.placement import LWS_GROUP_INDEX, workload_kind
+from baton.operators.placement import LWS_GROUP_INDEX, gpus_per_replica, workload_kind
 from baton.operators.workers import pool_labels
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,9 @@ async def observe(kube: Kube, body: Obj) -> Obj:
     pending = {p["metadata"].get("labels", {}).get(LWS_GROUP_INDEX, p["metadata"]["name"])
                for p in pods if p.get("status", {}).get("phase") == "Pending"}
     status = live.get("status", {})
-    return {"replicas": status.get("replicas", 0), "readyReplicas": status.get("readyReplicas", 0),
-            "pendingReplicas": len(pending)}
+    replicas = status.get("replicas", 0)
+    return {"replicas": replicas, "readyReplicas": status.get("readyReplicas", 0),
+            "pendingReplicas": len(pending), "gpus": replicas * gpus_per_replica(body["spec"])}
 
 
 async def fetch_signals(source: SignalSource, body: Obj) -> Signals:
@@ -78,13 +80,16 @@ def record(body: Obj, decision: Decision, emit: Emit, previous_reason: str | Non
              "reason": decision.reason.value, "message": decision.message, "pool": name,
              "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if decision.direction != "hold" or decision.reason.value != previous_reason:
+        # A replica is a whole tensor-parallel group: say what a move costs in GPUs.
+        per_replica = gpus_per_replica(body["spec"])
         emit(decision.reason.value,
-             f"{decision.current} -> {decision.replicas}: {decision.message}")
+             f"{decision.current} -> {decision.replicas} ({decision.current * per_replica} -> "
+             f"{decision.replicas * per_replica} GPUs): {decision.message}")
     return entry
 
 
 async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj,
-                   states: dict[str, PoolState], emit: Emit,
+                   states: dict[str, PoolState], emit: Emit, gpu_seconds: GpuSeconds,
                    now: float | None = None) -> tuple[Decision | None, Obj]:
     """Runs one evaluation; returns the decision (None for a manual pool) and the pool's new status
     fields."""
@@ -92,6 +97,7 @@ async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj,
     observed = await observe(kube, body)
     status: Obj = {**observed}
     key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+    gpu_seconds.observe(key, body["metadata"]["name"], observed["gpus"], now)
     if spec["autoscaling"]["mode"] == "manual":
         return None, status
     policy, signals = policy_from_spec(spec), await fetch_signals(source, body)
