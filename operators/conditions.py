@@ -47,3 +47,21 @@ def from_pools(pools: dict[str, Obj], generation: int | None,
                   generation, previous),
         condition("Degraded", False, "AsExpected", "spec is valid", generation, previous)
     ]
+
+
+def pool_placed(generation: int | None, previous: list[Obj] | None) -> list[Obj]:
+    """A pool whose objects were made: a Degraded it had (a spec since fixed, a missing API since
+    installed) clears."""
+    return [condition("Degraded", False, "AsExpected", "spec is valid and placed", generation,
+                      previous)]
+
+
+def unplaceable(reason: str, message: str, generation: int | None,
+                previous: list[Obj] | None) -> list[Obj]:
+    """A valid spec the cluster cannot run as it stands (e.g. an API it needs is not installed)."""
+    return [
+        condition("Degraded", True, reason, message, generation, previous),
+        condition("Ready", False, reason, message, generation, previous),
+        condition("Progressing", False, reason, "retried until the cluster can place the pool",
+                  generation, previous)
+    ]

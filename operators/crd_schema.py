@@ -68,7 +68,9 @@ NODE_SELECTOR = {"type": "object", "additionalProperties": {"type": "string"},
 
 # Flags the operator sets on each worker itself; engineArgs may not override them.
 OWNED_ENGINE_FLAGS = ("model", "port", "role", "served-model-name", "host", "metrics-port",
-                      "kv-transport", "drain-grace-seconds", "advertise-host", "worker-id")
+                      "kv-transport", "drain-grace-seconds", "advertise-host", "worker-id",
+                      "tensor-parallel-size", "distributed-executor-backend")
+TENSOR_PARALLEL_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 
 def scale_direction(up: bool) -> Schema:
@@ -135,8 +137,19 @@ def worker_fields() -> dict[str, Schema]:
     spec."""
     return {
         "resources": RESOURCES,
-        "gpus": integer("GPUs per replica (nvidia.com/gpu); 0 runs on CPU", minimum=0, maximum=16,
-                        default=1),
+        "gpus": integer(
+            "GPUs per replica (nvidia.com/gpu); 0 runs on CPU. With tensorParallelSize above 1 a "
+            "replica takes one GPU per rank", minimum=0, maximum=16, default=1),
+        "tensorParallelSize": integer(
+            "Ranks (GPUs) one replica shards the model over (`baton worker "
+            "--tensor-parallel-size`): up to gpusPerNode in one pod, above it a LeaderWorkerSet "
+            "group of tensorParallelSize/gpusPerNode pods, one per node, joined by Ray",
+            minimum=1, maximum=64, default=1, **{"x-kubernetes-validations": [
+                rule(f"self in {TENSOR_PARALLEL_SIZES}",
+                     "tensorParallelSize must be a power of two (1, 2, 4, ... 64)")]}),
+        "gpusPerNode": integer(
+            "GPUs of each node the pool's pods run on (see nodeSelector); decides whether a "
+            "replica fits one pod", minimum=1, maximum=16, default=8),
         "kvTransport": string(
             "How decode workers pull KV blocks from prefill workers: nixl (UCX, RDMA where "
             "available) or grpc (block bytes over the workers' gRPC port)", enum=["nixl", "grpc"],
@@ -158,10 +171,18 @@ def worker_fields() -> dict[str, Schema]:
     }
 
 
-REPLICA_RULES = [
+POOL_RULES = [
     rule("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas"),
     rule("self.minReplicas > 0 || self.autoscaling.scaleToZero",
          "minReplicas may be 0 only with autoscaling.scaleToZero"),
+    # A group is whole nodes: its ranks split evenly over pods of gpusPerNode GPUs each.
+    rule("self.tensorParallelSize <= self.gpusPerNode || "
+         "self.tensorParallelSize % self.gpusPerNode == 0",
+         "a tensorParallelSize above gpusPerNode must be a multiple of it (one whole node per "
+         "pod)"),
+    rule("self.tensorParallelSize == 1 || self.gpus == 1 || self.gpus == self.tensorParallelSize",
+         "with tensorParallelSize above 1 each rank takes one GPU: leave gpus at 1 or set it to "
+         "tensorParallelSize"),
 ]
 
 
@@ -181,7 +202,7 @@ def pool() -> Schema:
             **worker_fields(),
             "autoscaling": autoscaling(),
         }, **{
-            "x-kubernetes-validations": REPLICA_RULES + [
+            "x-kubernetes-validations": POOL_RULES + [
                 rule(
                     "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= "
                     "self.maxReplicas)",
@@ -324,7 +345,8 @@ def deployment_spec() -> Schema:
 
 def deployment_status() -> Schema:
     pool_status = obj({"replicas": {"type": "integer"}, "readyReplicas": {"type": "integer"},
-                       "desiredReplicas": {"type": "integer"}, "mode": {"type": "string"}})
+                       "desiredReplicas": {"type": "integer"}, "mode": {"type": "string"},
+                       "gpus": {"type": "integer"}})
     return obj({"observedGeneration": {"type": "integer"}, "conditions": CONDITIONS,
                 "pools": {"type": "object", "additionalProperties": pool_status},
                 "lastScaling": SCALING})
@@ -355,7 +377,7 @@ def pool_spec() -> Schema:
             },
         },
         required=["deployment", "role", "replicas", "model", "image"],
-        **{"x-kubernetes-validations": REPLICA_RULES})
+        **{"x-kubernetes-validations": POOL_RULES})
 
 
 def pool_status() -> Schema:
@@ -364,7 +386,9 @@ def pool_status() -> Schema:
         "pendingReplicas": {"type": "integer"}, "desiredReplicas": {"type": "integer"},
         "selector": string("Label selector of the pool's pods, for the scale subresource"),
         "observedGeneration": {"type": "integer"}, "conditions": CONDITIONS, "lastScaling": SCALING,
-        "lastDecision": SCALING
+        "lastDecision": SCALING,
+        "gpus": integer("GPUs the pool's replicas hold (replicas x GPUs per replica)"),
+        "workload": string("What runs the replicas: Deployment or LeaderWorkerSet"),
     })
 
 
@@ -421,6 +445,8 @@ def pool_crd() -> dict[str, Any]:
         column("Mode", ".spec.autoscaling.mode"),
         column("Desired", ".spec.replicas", "integer"),
         column("Ready", ".status.readyReplicas", "integer"),
+        column("GPUs", ".status.gpus", "integer"),
+        column("TP", ".spec.tensorParallelSize", "integer", priority=1),
         column("Min", ".spec.minReplicas", "integer", priority=1),
         column("Max", ".spec.maxReplicas", "integer", 1),
         column("Last scaling", ".status.lastScaling.reason"),

@@ -15,12 +15,16 @@ import kopf
 
 from baton.operators import conditions, drain, spec as specs
 from baton.operators import resources as r
+from baton.operators.autoscaler.gpu_seconds import GpuSeconds
 from baton.operators.autoscaler.loop import evaluate
 from baton.operators.autoscaler.signals import PrometheusSource, RouterStatsSource
 from baton.operators.children import all_children
 from baton.operators.kube import Kube, new_api_client
+from baton.operators.placement import (LWS_API_VERSION, LWS_KIND, other_workload_kind,
+                                       workload_kind)
+from baton.operators.pools import pool_objects, selector_string
 from baton.operators.settings import OperatorSettings
-from baton.operators.workers import pool_labels, pool_objects, selector_string
+from baton.operators.workers import pool_labels
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -47,6 +51,7 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) ->
                                          if config.prometheus_url else
                                          RouterStatsSource(memo.session, config.router_stats_path))
     memo.states = {}
+    memo.gpu_seconds = GpuSeconds()
     memo.monitors = await memo.kube.served(f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}")
 
 
@@ -113,38 +118,71 @@ async def reconcile_pool(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, 
     obj = dict(body)
     spec = specs.defaulted(r.POOL_KIND, obj)
     problems = specs.problems(r.POOL_KIND, spec)
+    previous = status.get("conditions")
     if problems:
-        set_status(
-            patch, status, {
-                "conditions": conditions.invalid(problems, meta.get("generation"),
-                                                 status.get("conditions"))
-            })
+        set_status(patch, status,
+                   {"conditions": conditions.invalid(problems, meta.get("generation"), previous)})
         kopf.warn(obj, reason="InvalidSpec", message="; ".join(problems))
         return
     full = {**obj, "spec": spec}
     kube: Kube = memo.kube
-    live = await kube.get("Deployment", meta["namespace"], meta["name"])
-    live_replicas = (live or {}).get("spec", {}).get("replicas", 0)
-    if live is not None and spec["replicas"] < live_replicas:
-        victims = await drain.drain(kube, memo.session, full,
-                                    pool_labels(full)[1], live_replicas - spec["replicas"],
-                                    memo.config.router_drain_path)
-        kopf.info(obj, reason="Draining",
-                  message=f"{live_replicas} -> {spec['replicas']}: {', '.join(victims)}")
+    kind = workload_kind(spec)
+    if kind == LWS_KIND and not await kube.served(LWS_API_VERSION):
+        message = (f"tensorParallelSize {spec['tensorParallelSize']} spans nodes of "
+                   f"{spec['gpusPerNode']} GPUs, which needs the LeaderWorkerSet API "
+                   f"({LWS_API_VERSION}): install the LWS controller")
+        set_status(patch, status, {"conditions": conditions.unplaceable(
+            "LeaderWorkerSetMissing", message, meta.get("generation"), previous)})
+        # Retried, so that installing LWS is enough; kopf logs it and posts it as an event, and
+        # writes the status above meanwhile.
+        raise kopf.TemporaryError(message, delay=60)
+    await drain_for_scale_down(kube, memo, full, kind)
     for child in pool_objects(full, memo.config, memo.monitors):
-        outcome = await kube.apply(child)
-        if outcome != "unchanged":
-            kopf.info(obj, reason="Reconciled",
-                      message=f"{outcome} {child['kind']}/{child['metadata']['name']}")
-    set_status(patch, status,
-               {"selector": selector_string(full), "observedGeneration": meta.get("generation")})
+        await apply_child(kube, obj, child)
+    other = other_workload_kind(spec)
+    if await kube.get(other, meta["namespace"], meta["name"]) is not None:
+        # The pool switched placement (its tensorParallelSize crossed gpusPerNode).
+        await kube.delete(other, meta["namespace"], meta["name"])
+        kopf.info(obj, reason="Reconciled", message=f"deleted {other}/{meta['name']}")
+    set_status(patch, status, {
+        "selector": selector_string(full), "observedGeneration": meta.get("generation"),
+        "workload": kind, "conditions": conditions.pool_placed(meta.get("generation"), previous)})
+
+
+async def apply_child(kube: Kube, pool: Obj, child: Obj) -> None:
+    # A Service's selector must be exactly the wanted one: a pool that stops spanning nodes drops
+    # the leader-only label, or its new pods would never become endpoints.
+    outcome = await kube.apply(child, exact=("selector",) if child["kind"] == "Service" else ())
+    if outcome != "unchanged":
+        kopf.info(pool, reason="Reconciled",
+                  message=f"{outcome} {child['kind']}/{child['metadata']['name']}")
+
+
+async def drain_for_scale_down(kube: Kube, memo: kopf.Memo, pool: Obj, kind: str) -> None:
+    """Before the workload shrinks to spec.replicas, the router stops placing on what goes."""
+    meta, spec = pool["metadata"], pool["spec"]
+    live = await kube.get(kind, meta["namespace"], meta["name"])
+    live_replicas = (live or {}).get("spec", {}).get("replicas", 0)
+    if live is None or spec["replicas"] >= live_replicas:
+        return
+    if kind == LWS_KIND:
+        victims = await drain.drain_groups(memo.session, pool, live_replicas,
+                                           memo.config.router_drain_path)
+    else:
+        victims = await drain.drain(kube, memo.session, pool, pool_labels(pool)[1],
+                                    live_replicas - spec["replicas"],
+                                    memo.config.router_drain_path)
+    kopf.info(pool, reason="Draining",
+              message=f"{live_replicas} -> {spec['replicas']}: {', '.join(victims)}")
 
 
 async def delete_pool(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    for kind in ("Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor"):
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    for kind in ("Deployment", LWS_KIND, "Service", "PodDisruptionBudget", "ServiceMonitor"):
         if kind != "ServiceMonitor" or memo.monitors:
-            await memo.kube.delete(kind, body["metadata"]["namespace"], body["metadata"]["name"])
-    memo.states.pop(f"{body['metadata']['namespace']}/{body['metadata']['name']}", None)
+            await memo.kube.delete(kind, namespace, name)
+    memo.states.pop(f"{namespace}/{name}", None)
+    memo.gpu_seconds.forget(f"{namespace}/{name}")
 
 
 async def autoscale_pool(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo,
@@ -158,7 +196,7 @@ async def autoscale_pool(body: kopf.Body, status: kopf.Status, patch: kopf.Patch
         kopf.event(obj, type="Normal", reason=reason, message=message)
 
     _, fields = await evaluate(memo.kube, memo.source, {**obj, "spec": spec}, spec, memo.states,
-                               emit)
+                               emit, memo.gpu_seconds)
     set_status(patch, status, fields)
     await publish_to_owner(memo.kube, obj, spec, fields)
 
@@ -174,7 +212,8 @@ async def publish_to_owner(kube: Kube, pool: Obj, spec: Obj, fields: Obj) -> Non
     entry = {
         "replicas": spec["replicas"], "readyReplicas": fields["readyReplicas"],
         "desiredReplicas": fields.get("desiredReplicas",
-                                      spec["replicas"]), "mode": spec["autoscaling"]["mode"]
+                                      spec["replicas"]), "mode": spec["autoscaling"]["mode"],
+        "gpus": fields["gpus"]
     }
     pools = {**status.get("pools", {}), spec["role"]: entry}
     want: Obj = {"pools": pools}

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import kubernetes
 
 from baton.operators import resources as r
+from baton.operators.placement import LWS_API_VERSION, LWS_KIND
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ KINDS = {
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "Pod": Kind("v1", "pods"),
     "Deployment": Kind("apps/v1", "deployments"),
+    LWS_KIND: Kind(LWS_API_VERSION, "leaderworkersets"),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
     "ServiceMonitor": Kind(f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}",
                            "servicemonitors"),
@@ -122,10 +124,12 @@ class Kube:
         return await self.call("PATCH", KINDS[kind].path(namespace, name, sub), body,
                                "application/merge-patch+json")
 
-    async def apply(self, obj: Obj, keep_live: tuple[str, ...] = ()) -> Outcome:
+    async def apply(self, obj: Obj, keep_live: tuple[str, ...] = (),
+                    exact: tuple[str, ...] = ()) -> Outcome:
         """Create `obj`, or patch it where the live object differs; top-level spec fields in
         `keep_live` are only set at creation (e.g. replicas, which the scale subresource owns
-        afterwards)."""
+        afterwards); maps under the top-level spec fields in `exact` lose the keys `obj` lacks
+        (e.g. a Service's selector)."""
         meta = obj["metadata"]
         live = await self.get(obj["kind"], meta["namespace"], meta["name"])
         if live is None:
@@ -133,7 +137,13 @@ class Kube:
             return "created"
         want = obj
         if "spec" in obj:
-            want = {**obj, "spec": {k: v for k, v in obj["spec"].items() if k not in keep_live}}
+            spec = {k: v for k, v in obj["spec"].items() if k not in keep_live}
+            for field in exact:
+                stale = set(live.get("spec", {}).get(field) or {}) - set(spec.get(field) or {})
+                if stale:
+                    # A merge patch keeps keys it does not mention; null deletes them.
+                    spec[field] = {**spec.get(field, {}), **dict.fromkeys(stale)}
+            want = {**obj, "spec": spec}
         if is_subset(want, live):
             return "unchanged"
         await self.patch(obj["kind"], meta["namespace"], meta["name"], want)

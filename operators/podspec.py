@@ -63,13 +63,19 @@ def field_env(name: str, field_path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
-def deployment(meta: Obj, selector: dict[str, str], replicas: int, pod: Obj,
-               labels: dict[str, str]) -> Obj:
+def pod_template(pod: Obj, labels: dict[str, str]) -> Obj:
+    """A pod template with the restricted security context and the writable /tmp every container
+    mounts (root filesystems are read-only)."""
     pod = {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False, **pod}
     pod["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}] + pod.get("volumes", [])
+    return {"metadata": {"labels": labels}, "spec": pod}
+
+
+def deployment(meta: Obj, selector: dict[str, str], replicas: int, pod: Obj,
+               labels: dict[str, str]) -> Obj:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
             "spec": {"replicas": replicas, "selector": {"matchLabels": selector},
-                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+                     "template": pod_template(pod, labels)}}
 
 
 def service(meta: Obj, selector: dict[str, str], ports: dict[str, int], kind: str = "ClusterIP",

@@ -31,6 +31,14 @@ class OperatorSettings(BatonSettings):
         9100, ge=1024, le=65535,
         description="Port of the workers' and routers' HTTP server: /metrics, /health, /ready, "
                     "and the router's /stats and /admin/drain")
+    ray_port: int = Field(
+        6379, ge=1024, le=65535,
+        description="Port of the Ray head (GCS) that the leader of a LeaderWorkerSet group starts "
+                    "and its other pods join")
+    worker_startup_timeout_seconds: int = Field(
+        3600, ge=60, le=86400,
+        description="How long a worker may take to first answer /health (model load; in a "
+                    "LeaderWorkerSet group also every node joining) before the kubelet restarts it")
     metrics_port: int = Field(9090, ge=0, le=65535,
                               description="Port of the operator's /metrics; 0 disables it")
     health_port: int = Field(8080, ge=0, le=65535,

@@ -1,5 +1,5 @@
-"""What a WorkerPool becomes: the workers' Deployment, a headless Service, a PDB and, optionally, a
-ServiceMonitor."""
+"""A worker pod as a WorkerPool describes it (labels, `baton worker` flags, container, pod spec) and
+the Deployment that runs a pool whose replicas each fit one pod."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,6 +7,7 @@ from typing import Any
 from baton.operators import podspec
 from baton.operators import resources as r
 from baton.operators.model_source import ModelMount, model_mount
+from baton.operators.placement import gpus_per_pod, spans_nodes, tensor_parallel
 from baton.operators.settings import OperatorSettings
 
 Obj = dict[str, Any]
@@ -14,6 +15,10 @@ Obj = dict[str, Any]
 # it) before SIGTERM makes the worker refuse new work; the worker then drains its in-flight requests
 # itself.
 PRE_STOP_SLEEP_S = 5
+STARTUP_PROBE_PERIOD_S = 10
+# NCCL between the ranks of a pod, and Ray's object store, work through /dev/shm, which a
+# container otherwise gets 64 MiB of.
+SHM_VOLUME: Obj = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
 
 
 def pool_labels(body: Obj) -> tuple[dict[str, str], dict[str, str]]:
@@ -25,11 +30,6 @@ def pool_labels(body: Obj) -> tuple[dict[str, str], dict[str, str]]:
                  **r.selector_labels(spec["deployment"], component), r.LABEL_POOL: body["metadata"]
                                                                                    ["name"]
              })
-
-
-def selector_string(body: Obj) -> str:
-    """The pods' selector in the form the scale subresource's labelSelectorPath wants."""
-    return ",".join(f"{k}={v}" for k, v in sorted(pool_labels(body)[1].items()))
 
 
 def served_model_name(deployment: str, model: Obj) -> str:
@@ -49,21 +49,37 @@ def worker_args(spec: Obj, settings: OperatorSettings, model_path: str) -> list[
         served_model_name(spec["deployment"], spec["model"]), "--drain-grace-seconds",
         str(spec["drainTimeoutSeconds"])
     ]
+    if tensor_parallel(spec) > 1:
+        args += ["--tensor-parallel-size", str(tensor_parallel(spec))]
+    if spans_nodes(spec):
+        # Ranks on other nodes are Ray actors: the group's leader starts the Ray head.
+        args += ["--distributed-executor-backend", "ray"]
     for flag, value in sorted(spec.get("engineArgs", {}).items()):
         args += [f"--{flag}", value]
     return args
 
 
-def _worker_container(body: Obj, settings: OperatorSettings) -> tuple[Obj, ModelMount]:
+def pod_resources(spec: Obj) -> Obj:
+    """The pool's CPU and memory, and the GPUs of one pod (one per rank it hosts)."""
+    resources = {k: dict(v) for k, v in spec.get("resources", {}).items()}
+    if gpus_per_pod(spec):
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus_per_pod(spec)
+    return resources
+
+
+def worker_container(body: Obj, settings: OperatorSettings) -> tuple[Obj, ModelMount]:
     spec = body["spec"]
     source = model_mount(spec["model"], spec["image"]["worker"], spec["image"]["pullPolicy"])
-    resources = {k: dict(v) for k, v in spec.get("resources", {}).items()}
-    if spec["gpus"]:
-        resources.setdefault("limits", {})["nvidia.com/gpu"] = spec["gpus"]
     box = podspec.container("worker", spec["image"]["worker"], spec["image"]["pullPolicy"],
                             worker_args(spec, settings, source.path),
-                            {"grpc": settings.worker_port, "http": settings.probe_port}, resources)
-    box["volumeMounts"] += source.mounts
+                            {"grpc": settings.worker_port, "http": settings.probe_port},
+                            pod_resources(spec))
+    # /health answers once the model is loaded (and, in a group, every rank has joined): until then
+    # liveness must not count, or a slow load is killed and starts over.
+    box["startupProbe"] = podspec.http_probe(
+        "/health", STARTUP_PROBE_PERIOD_S,
+        failures=-(-settings.worker_startup_timeout_seconds // STARTUP_PROBE_PERIOD_S))
+    box["volumeMounts"] += source.mounts + shm_mounts(spec)
     # The worker id is the pod name, so the operator's drain (which picks pods) names workers the
     # router knows.
     box["env"] = [podspec.field_env("BATON_ADVERTISE_HOST", "status.podIP"),
@@ -72,12 +88,17 @@ def _worker_container(body: Obj, settings: OperatorSettings) -> tuple[Obj, Model
     return box, source
 
 
-def worker_deployment(body: Obj, settings: OperatorSettings) -> Obj:
+def shm_mounts(spec: Obj) -> list[Obj]:
+    return [{"name": "dshm", "mountPath": "/dev/shm"}] if tensor_parallel(spec) > 1 else []
+
+
+def worker_pod(body: Obj, box: Obj, source: ModelMount) -> Obj:
+    """A pod spec around `box` with the model's volumes and the pool's placement; the termination
+    grace covers the preStop sleep and the drain."""
     spec = body["spec"]
-    labels, selector = pool_labels(body)
-    box, source = _worker_container(body, settings)
     pod: Obj = {
-        "containers": [box], "volumes": source.volumes,
+        "containers": [box],
+        "volumes": source.volumes + ([SHM_VOLUME] if shm_mounts(spec) else []),
         "terminationGracePeriodSeconds": spec["drainTimeoutSeconds"] + PRE_STOP_SLEEP_S + 10
     }
     if source.init_containers:
@@ -86,24 +107,18 @@ def worker_deployment(body: Obj, settings: OperatorSettings) -> Obj:
         pod["nodeSelector"] = spec["nodeSelector"]
     if spec.get("tolerations"):
         pod["tolerations"] = spec["tolerations"]
+    return pod
+
+
+def worker_deployment(body: Obj, settings: OperatorSettings) -> Obj:
+    spec = body["spec"]
+    labels, selector = pool_labels(body)
+    box, source = worker_container(body, settings)
     meta = podspec.metadata(body, body["metadata"]["name"], labels)
-    deployment = podspec.deployment(meta, selector, spec["replicas"], pod, labels)
+    deployment = podspec.deployment(meta, selector, spec["replicas"], worker_pod(body, box, source),
+                                    labels)
     # New workers come up before old ones go: a model load is slow and capacity must not dip.
     deployment["spec"]["strategy"] = {
         "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}
     }
     return deployment
-
-
-def pool_objects(body: Obj, settings: OperatorSettings, monitors: bool) -> list[Obj]:
-    labels, selector = pool_labels(body)
-    name = body["metadata"]["name"]
-    objects = [
-        worker_deployment(body, settings),
-        podspec.service(podspec.metadata(body, name, labels), selector,
-                        {"grpc": settings.worker_port, "http": settings.probe_port}, headless=True),
-        podspec.disruption_budget(podspec.metadata(body, name, labels), selector)
-    ]
-    if monitors and body["spec"]["serviceMonitor"]:
-        objects.append(podspec.service_monitor(podspec.metadata(body, name, labels), selector))
-    return objects

@@ -9,10 +9,12 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from baton.operators import metrics
+from baton.operators.autoscaler.gpu_seconds import GpuSeconds
 from baton.operators.autoscaler.policy import (Decision, PoolState, Policy, Signals, StepRules,
                                                decide, next_state)
 from baton.operators.autoscaler.signals import PoolRef, SignalSource
 from baton.operators.kube import Kube
+from baton.operators.placement import LWS_GROUP_INDEX, gpus_per_replica, workload_kind
 from baton.operators.workers import pool_labels
 
 log = logging.getLogger(__name__)
@@ -41,14 +43,18 @@ def policy_from_spec(spec: Obj) -> Policy:
 
 
 async def observe(kube: Kube, body: Obj) -> Obj:
-    """The pool's replica counts as its Deployment and pods report them."""
+    """The pool's replica counts as its workload and pods report them. A replica is a whole
+    tensor-parallel group: a LeaderWorkerSet counts groups, and a group with any pod Pending is
+    one pending replica."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    live = await kube.get("Deployment", namespace, name) or {}
+    live = await kube.get(workload_kind(body["spec"]), namespace, name) or {}
     pods = await kube.list("Pod", namespace, pool_labels(body)[1])
-    pending = sum(1 for p in pods if p.get("status", {}).get("phase") == "Pending")
+    pending = {p["metadata"].get("labels", {}).get(LWS_GROUP_INDEX, p["metadata"]["name"])
+               for p in pods if p.get("status", {}).get("phase") == "Pending"}
     status = live.get("status", {})
-    return {"replicas": status.get("replicas", 0), "readyReplicas": status.get("readyReplicas", 0),
-            "pendingReplicas": pending}
+    replicas = status.get("replicas", 0)
+    return {"replicas": replicas, "readyReplicas": status.get("readyReplicas", 0),
+            "pendingReplicas": len(pending), "gpus": replicas * gpus_per_replica(body["spec"])}
 
 
 async def fetch_signals(source: SignalSource, body: Obj) -> Signals:
@@ -74,26 +80,30 @@ def record(body: Obj, decision: Decision, emit: Emit, previous_reason: str | Non
              "reason": decision.reason.value, "message": decision.message, "pool": name,
              "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if decision.direction != "hold" or decision.reason.value != previous_reason:
+        # A replica is a whole tensor-parallel group: say what a move costs in GPUs.
+        per_replica = gpus_per_replica(body["spec"])
         emit(decision.reason.value,
-             f"{decision.current} -> {decision.replicas}: {decision.message}")
+             f"{decision.current} -> {decision.replicas} ({decision.current * per_replica} -> "
+             f"{decision.replicas * per_replica} GPUs): {decision.message}")
     return entry
 
 
-async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj, states: dict[str,
-                                                                                        PoolState],
-                   emit: Emit, now: float | None = None) -> tuple[Decision | None, Obj]:
+async def evaluate(kube: Kube, source: SignalSource, body: Obj, spec: Obj,
+                   states: dict[str, PoolState], emit: Emit, gpu_seconds: GpuSeconds,
+                   now: float | None = None) -> tuple[Decision | None, Obj]:
     """Runs one evaluation; returns the decision (None for a manual pool) and the pool's new status
     fields."""
+    now = now if now is not None else time.time()
     observed = await observe(kube, body)
     status: Obj = {**observed}
+    key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+    gpu_seconds.observe(key, body["metadata"]["name"], observed["gpus"], now)
     if spec["autoscaling"]["mode"] == "manual":
         return None, status
-    key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
     policy, signals = policy_from_spec(spec), await fetch_signals(source, body)
     base = states.get(key) or PoolState(replicas=spec["replicas"], now=0.0)
     state = replace(base, replicas=spec["replicas"], ready_replicas=observed["readyReplicas"],
-                    pending_replicas=observed["pendingReplicas"],
-                    now=now if now is not None else time.time())
+                    pending_replicas=observed["pendingReplicas"], now=now)
     decision = decide(signals, state, policy)
     keep = max(policy.up.stabilization_s, policy.down.stabilization_s)
     states[key] = next_state(state, decision, signals, keep_s=keep)

@@ -3,6 +3,7 @@ thread."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ from baton.operators.autoscaler.policy import Signals
 from baton.operators.autoscaler.signals import PoolRef
 from baton.operators.handlers import register
 from baton.operators.kube import Kube, new_api_client
+from baton.operators.placement import LWS_API_VERSION, LWS_KIND
 from baton.operators.settings import OperatorSettings
 
 NAMESPACE = "llm"
@@ -37,6 +39,10 @@ RESOURCES = {
     },
     f"{r.API_VERSION}/{r.POOL_PLURAL}": {
         "kind": r.POOL_KIND, "namespaced": True, "subresources": ["status", "scale"]
+    },
+    # The LWS controller's CRD, as on a cluster where it is installed.
+    f"{LWS_API_VERSION}/leaderworkersets": {
+        "kind": LWS_KIND, "namespaced": True, "subresources": ["status", "scale"]
     },
 }
 
@@ -100,9 +106,10 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
         await asyncio.sleep(0.05)
 
 
-@pytest_asyncio.fixture()
-async def operator(kmock: Any) -> AsyncIterator[Operator]:
-    for key, info in RESOURCES.items():
+@contextlib.asynccontextmanager
+async def running_operator(kmock: Any, resources: dict[str, Any]) -> AsyncIterator[Operator]:
+    """The operator against kmock serving `resources` (the API groups of the emulated cluster)."""
+    for key, info in resources.items():
         # Without verbs kopf deems a resource unwatchable and silently serves nothing.
         kmock.resources[key] = {
             **info, "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]
@@ -138,6 +145,22 @@ async def operator(kmock: Any) -> AsyncIterator[Operator]:
         lambda: any(q.params.get("watch") and r.POOL_PLURAL in q.url.path for q in kmock))
     await eventually(
         lambda: any(q.params.get("watch") and r.DEPLOYMENT_PLURAL in q.url.path for q in kmock))
-    yield op
-    stop.set()
-    await asyncio.to_thread(thread.join, 10)
+    try:
+        yield op
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 10)
+
+
+@pytest_asyncio.fixture()
+async def operator(kmock: Any) -> AsyncIterator[Operator]:
+    async with running_operator(kmock, RESOURCES) as op:
+        yield op
+
+
+@pytest_asyncio.fixture()
+async def operator_without_lws(kmock: Any) -> AsyncIterator[Operator]:
+    """A cluster where the LeaderWorkerSet controller (and its CRD) is not installed."""
+    resources = {k: v for k, v in RESOURCES.items() if not k.startswith(LWS_API_VERSION)}
+    async with running_operator(kmock, resources) as op:
+        yield op

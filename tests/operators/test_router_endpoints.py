@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from baton.operators.autoscaler.signals import PoolRef, RouterStatsSource
-from baton.operators.drain import drain
+from baton.operators.drain import drain, drain_groups
 from baton.services.common.http_probe import serve_probes
 from baton.services.common.roles import Role
 from baton.services.router.config import RouterConfig
@@ -92,6 +92,29 @@ async def test_scale_down_drains_the_pods_worker_ids_at_the_router(router: Route
     assert victims == ["qwen-decode-b"]  # the youngest
     workers = {w.worker_id: w for w in router._workers.values()}
     assert workers["qwen-decode-b"].draining and not workers["qwen-decode-a"].draining
+
+
+@pytest.mark.asyncio
+async def test_a_group_scale_down_drains_the_leaders_that_go() -> None:
+    """A LeaderWorkerSet removes its highest groups; their leaders (the only workers the router
+    knows of a group) are drained, and nothing the StatefulSet keeps."""
+    router = Router(RouterConfig(model="m"), CollectorRegistry(), Clock(NOW))
+    for group in range(3):
+        leader = f"llama-decode-{group}"
+        router.register_worker(leader, f"{leader}:8100", Role.DECODE, model="m", block_size=16)
+    server = serve_probes("127.0.0.1", 0, CollectorRegistry(), lambda: True,
+                          post_routes={"/admin/drain": lambda body: drain_json(router, body)})
+    pool_body = {"metadata": {"namespace": "llm", "name": "llama-decode"},
+                 "spec": {"replicas": 1,
+                          "routerUrl": f"http://127.0.0.1:{server.server_address[1]}"}}
+    try:
+        async with aiohttp.ClientSession() as session:
+            victims = await drain_groups(session, pool_body, 3, "/admin/drain")
+    finally:
+        server.shutdown()
+    assert victims == ["llama-decode-2", "llama-decode-1"]
+    draining = {w.worker_id: w.draining for w in router._workers.values()}
+    assert draining == {"llama-decode-0": False, "llama-decode-1": True, "llama-decode-2": True}
 
 
 def test_drain_answers_unknown_ids_and_refuses_bad_bodies(url: str) -> None:

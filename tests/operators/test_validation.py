@@ -55,6 +55,11 @@ SCHEMA_CASES = {
     "gateway port below 1024": edit(lambda s: s.update(gateway={"port": 80})),
     "toleration with a bad operator": edit(
         lambda s: s["pools"]["decode"].update(tolerations=[{"key": "gpu", "operator": "Matches"}])),
+    "tensor parallelism beyond 64 ranks":
+        edit(lambda s: s["pools"]["decode"].update(tensorParallelSize=128)),
+    "tensor parallel size as a string":
+        edit(lambda s: s["pools"]["decode"].update(tensorParallelSize="8")),
+    "nodes without GPUs": edit(lambda s: s["pools"]["decode"].update(gpusPerNode=0)),
 }
 
 # Valid for the structural schema; refused by a CEL rule (or list-map key) that the operator
@@ -81,6 +86,30 @@ RULE_CASES = {
     "duplicate SLO priority":
         (edit(lambda s: s.update(slos=[{"priority": 1, "ttftMillis": 1, "tpotMillis": 1}] * 2)),
          "duplicate entries for priority = 1"),
+    "tensor parallel size not a power of two":
+        (edit(lambda s: s["pools"]["decode"].update(tensorParallelSize=6)),
+         "tensorParallelSize must be a power of two"),
+    "a group that cannot be whole nodes (16 ranks on nodes of 6 GPUs)":
+        (edit(lambda s: s["pools"]["decode"].update(tensorParallelSize=16, gpusPerNode=6)),
+         "a tensorParallelSize above gpusPerNode must be a multiple of it"),
+    "GPUs per replica that disagree with the ranks":
+        (edit(lambda s: s["pools"]["prefill"].update(tensorParallelSize=4, gpus=2)),
+         "with tensorParallelSize above 1 each rank takes one GPU"),
+    "tensor parallelism on CPU":
+        (edit(lambda s: s["pools"]["prefill"].update(tensorParallelSize=2, gpus=0)),
+         "with tensorParallelSize above 1 each rank takes one GPU"),
+    "engine arg the operator owns (tensor parallelism)":
+        (edit(lambda s: s["pools"]["decode"].update(engineArgs={"tensor-parallel-size": "8"})),
+         "engineArgs must not set flags the operator owns"),
+}
+
+# Placements the rules must let through: within a node, whole nodes, gpus left at 1 or matching.
+PLACEABLE = {
+    "four ranks in one pod": {"tensorParallelSize": 4},
+    "eight ranks with gpus matching": {"tensorParallelSize": 8, "gpus": 8},
+    "sixteen ranks over two nodes of eight": {"tensorParallelSize": 16},
+    "eight ranks over two nodes of four": {"tensorParallelSize": 8, "gpusPerNode": 4},
+    "two ranks on a node of six": {"tensorParallelSize": 2, "gpusPerNode": 6},
 }
 
 
@@ -104,6 +133,23 @@ def test_rule_refuses(name: str) -> None:
     validator().validate(body)  # the structural schema alone lets it through
     found = problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body))
     assert len(found) == 1 and message in found[0], found
+
+
+@pytest.mark.parametrize("name", PLACEABLE)
+def test_placeable_tensor_parallel_pools_pass(name: str) -> None:
+    body = edit(lambda s: s["pools"]["decode"].update(PLACEABLE[name]))
+    validator().validate(body)
+    assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body)) == []
+
+
+def test_a_workerpool_is_held_to_the_same_placement_rules() -> None:
+    """A WorkerPool edited directly (kubectl edit, scale tooling) meets the rules its
+    BatonDeployment's pool did."""
+    spec = {"deployment": "m", "role": "decode", "replicas": 1, "model": {"huggingFace": "m/m"},
+            "image": {"worker": "w"}, "tensorParallelSize": 16, "gpusPerNode": 6}
+    found = problems(r.POOL_KIND, defaulted(r.POOL_KIND, {"spec": spec}))
+    assert found == [".spec: a tensorParallelSize above gpusPerNode must be a multiple of it "
+                     "(one whole node per pod)"]
 
 
 def test_every_cel_rule_has_a_case() -> None:

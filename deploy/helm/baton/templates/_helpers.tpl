@@ -103,4 +103,10 @@ seccompProfile:
   resources: ["servicemonitors"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
+{{- if .Values.rbac.leaderWorkerSets }}
+# A pool whose tensorParallelSize exceeds gpusPerNode runs as a LeaderWorkerSet (the LWS controller's API).
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end }}
 {{- end }}
