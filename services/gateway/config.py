@@ -49,6 +49,10 @@ class GatewayConfig(BatonSettings):
     )
     auth: bool = Field(True,
                        description="Require an API key; off serves everyone as the default tenant")
+    api_keys_poll_interval_s: float = Field(
+        10.0, gt=0,
+        description="How often the API-keys file is checked for changes (a Secret update); "
+                    "SIGHUP reloads it at once")
     default_requests_per_minute: int | None = Field(
         None, ge=1, description="Request rate limit of the default tenant (unset: none)")
     default_tokens_per_minute: int | None = Field(

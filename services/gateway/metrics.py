@@ -55,6 +55,9 @@ class GatewayMetrics:
                                   "Streams moved to another decode worker", registry=registry)
         self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served",
                                registry=registry)
+        self.key_reloads = Counter("baton_gateway_api_key_reloads",
+                                   "Reloads of the API-keys file, by result (ok, error)",
+                                   ["result"], registry=registry)
 
     def finish_choice(self, priority: int, slo: SLO | None, ttft_s: float | None, e2e_s: float,
                       tokens: int) -> None:

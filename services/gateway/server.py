@@ -1,8 +1,10 @@
-"""Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C."""
+"""Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C;
+beside it, the API-keys reload (SIGHUP or a change of the file)."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from baton.services.common.tool_parsers import parser_for_model
 from baton.services.common.tracing import setup_tracing
 from baton.services.gateway.app import Gateway, create_app
 from baton.services.gateway.config import GatewayConfig
+from baton.services.gateway.key_reload import KeyReloader
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits import RateLimiter
@@ -59,11 +62,31 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _background(gateway: Gateway) -> list[asyncio.Task]:
+    """With auth on, the API-keys reload (on SIGHUP too)."""
+    tasks: list[asyncio.Task] = []
+    config, reloader = gateway.config, None
+    if gateway.keys is not None and config.api_keys_file is not None:
+        reloader = KeyReloader(gateway.keys, Path(config.api_keys_file),
+                               config.api_keys_poll_interval_s, gateway.metrics.key_reloads)
+        tasks.append(asyncio.ensure_future(reloader.watch()))
+
+    def on_hangup() -> None:
+        if reloader is None:
+            log.info("SIGHUP: no API-keys file to reload (auth is off)")
+        else:
+            reloader.check("SIGHUP", force=True)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
+    return tasks
+
+
 async def serve(config: GatewayConfig) -> int:
     setup_tracing("baton-gateway")
     gateway = build_gateway(config)
     sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
+    tasks = _background(gateway)
     server = uvicorn.Server(
         uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -74,5 +97,9 @@ async def serve(config: GatewayConfig) -> int:
         print(
             f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
             f"model={gateway.model_name}", flush=True)
-    await task
+    try:
+        await task
+    finally:
+        for background in tasks:
+            background.cancel()
     return 0
