@@ -28,6 +28,7 @@ from baton.services.gateway.errors import error_response, install_handlers, prot
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator, Refused
 from baton.services.gateway.rate_limits import RateLimited, RateLimiter
+from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.serving import ApiRequest, Serving
 from baton.services.gateway.tenants import DEFAULT_TENANT, AuthError, KeyStore, Tenant
 
@@ -51,10 +52,17 @@ class Gateway:
     tool_parser: ToolParser | None = None
     draining: bool = False
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
+    router_health: RouterHealth | None = None
 
     def default_tenant(self) -> Tenant:
         return Tenant(DEFAULT_TENANT, requests_per_minute=self.config.default_requests_per_minute,
                       tokens_per_minute=self.config.default_tokens_per_minute)
+
+    def not_ready(self) -> str | None:
+        """Why /ready answers 503, or None when ready."""
+        if self.draining:
+            return "gateway is draining"
+        return self.router_health.problem if self.router_health is not None else None
 
 
 def _schema(model: type) -> dict[str, Any]:
@@ -92,8 +100,9 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> Response:
-        if gateway.draining:
-            return error_response(503, "gateway is draining", "service_unavailable")
+        problem = gateway.not_ready()
+        if problem is not None:
+            return error_response(503, problem, "service_unavailable")
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", response_class=PlainTextResponse)  # documented as the text it is, not JSON

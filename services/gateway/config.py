@@ -53,6 +53,10 @@ class GatewayConfig(BatonSettings):
         10.0, gt=0,
         description="How often the API-keys file is checked for changes (a Secret update); "
                     "SIGHUP reloads it at once")
+    router_check_interval_s: float = Field(
+        2.0, gt=0,
+        description="How often the router's gRPC health is checked (and the check's timeout); "
+                    "/ready answers 503 while it fails")
     default_requests_per_minute: int | None = Field(
         None, ge=1, description="Request rate limit of the default tenant (unset: none)")
     default_tokens_per_minute: int | None = Field(

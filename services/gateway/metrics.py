@@ -55,6 +55,8 @@ class GatewayMetrics:
                                   "Streams moved to another decode worker", registry=registry)
         self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served",
                                registry=registry)
+        self.router_up = Gauge("baton_gateway_router_up",
+                               "1 while the router answers its health check", registry=registry)
         self.key_reloads = Counter("baton_gateway_api_key_reloads",
                                    "Reloads of the API-keys file, by result (ok, error)",
                                    ["result"], registry=registry)

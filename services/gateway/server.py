@@ -1,5 +1,5 @@
 """Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C;
-beside it, the API-keys reload (SIGHUP or a change of the file)."""
+beside it, the router health check and the API-keys reload (SIGHUP or a change of the file)."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +21,7 @@ from baton.services.gateway.key_reload import KeyReloader
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits import RateLimiter
+from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.tenants import KeyStore
 
 log = logging.getLogger(__name__)
@@ -38,15 +39,19 @@ def build_gateway(config: GatewayConfig) -> Gateway:
                 "auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
     model_config = load_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    orchestrator = Orchestrator(config.router, config.max_migrations)
     return Gateway(
         config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
         max_model_len=context_length(model_config,
                                      config.max_model_len), vocab_size=model_config.vocab_size,
-        orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
-        metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
-        tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
+        orchestrator=orchestrator, keys=keys, metrics=metrics, registry=registry,
+        limiter=RateLimiter(),
+        tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer),
+        router_health=RouterHealth(orchestrator.channel, config.router_check_interval_s,
+                                   metrics.router_up))
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -63,8 +68,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def _background(gateway: Gateway) -> list[asyncio.Task]:
-    """With auth on, the API-keys reload (on SIGHUP too)."""
+    """The router health check and, with auth on, the API-keys reload (on SIGHUP too)."""
     tasks: list[asyncio.Task] = []
+    if gateway.router_health is not None:
+        tasks.append(asyncio.ensure_future(gateway.router_health.watch()))
     config, reloader = gateway.config, None
     if gateway.keys is not None and config.api_keys_file is not None:
         reloader = KeyReloader(gateway.keys, Path(config.api_keys_file),

@@ -187,9 +187,8 @@ class Serving:
             async for index, item in self._events(running):
                 if isinstance(item, Refused):
                     raise item
-                if isinstance(item, grpc.aio.AioRpcError):
-                    raise Refused(503, f"a worker failed mid-request: {item.details()}",
-                                  "worker_failed", 1.0)
+                if isinstance(item, grpc.aio.AioRpcError):  # logged by _run_choice
+                    raise Refused(503, "a worker failed mid-request", "worker_failed", 1.0)
                 if item is not _END:
                     running.states[index].add(item)
             return running.states
@@ -204,7 +203,8 @@ def _error_event(error: Exception) -> dict[str, object]:
                 "message": error.message, "type": "server_error", "param": None, "code": error.code
             }
         }
-    message = f"the stream broke and could not move to another worker: {error.details()}"
+    # The gRPC details name internal addresses; _run_choice logged them with the request id.
+    message = "the stream broke and could not move to another worker"
     return {
         "error": {
             "message": message, "type": "server_error", "param": None, "code": "worker_failed"
