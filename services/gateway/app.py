@@ -24,7 +24,8 @@ from baton.services.common.openai_render import build_response
 from baton.services.common.tool_parsers import ToolParser
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import GatewayConfig
-from baton.services.gateway.errors import error_response, install_handlers, protocol_error_response
+from baton.services.gateway.errors import (CLIENT_CLOSED, error_response, install_handlers,
+                                          protocol_error_response)
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator, Refused
 from baton.services.gateway.rate_limits import RateLimited, RateLimiter
@@ -33,8 +34,6 @@ from baton.services.gateway.serving import ApiRequest, Serving
 from baton.services.gateway.tenants import DEFAULT_TENANT, AuthError, KeyStore, Tenant
 
 log = logging.getLogger(__name__)
-
-CLIENT_CLOSED = 499
 
 
 @dataclass

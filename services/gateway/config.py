@@ -57,6 +57,18 @@ class GatewayConfig(BatonSettings):
         2.0, gt=0,
         description="How often the router's gRPC health is checked (and the check's timeout); "
                     "/ready answers 503 while it fails")
+    http_idle_timeout_s: float = Field(
+        75.0, gt=0,
+        description="Close a connection that has no request under way for this long (new, or "
+                    "kept alive between requests; above the usual 60 s of proxies in front)")
+    http_header_timeout_s: float = Field(
+        10.0, gt=0,
+        description="Answer 408 and close when a request's head (request line and headers) has "
+                    "not fully arrived this long after its first byte")
+    http_body_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Answer 408 and close when a request's body has not fully arrived this long "
+                    "after its head")
     default_requests_per_minute: int | None = Field(
         None, ge=1, description="Request rate limit of the default tenant (unset: none)")
     default_tokens_per_minute: int | None = Field(

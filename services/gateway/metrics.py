@@ -60,6 +60,10 @@ class GatewayMetrics:
         self.key_reloads = Counter("baton_gateway_api_key_reloads",
                                    "Reloads of the API-keys file, by result (ok, error)",
                                    ["result"], registry=registry)
+        self.client_timeouts = Counter(
+            "baton_gateway_client_timeouts",
+            "Connections closed because a request's head or body came too slowly, by phase",
+            ["phase"], registry=registry)
 
     def finish_choice(self, priority: int, slo: SLO | None, ttft_s: float | None, e2e_s: float,
                       tokens: int) -> None:

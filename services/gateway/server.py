@@ -17,6 +17,7 @@ from baton.services.common.tool_parsers import parser_for_model
 from baton.services.common.tracing import setup_tracing
 from baton.services.gateway.app import Gateway, create_app
 from baton.services.gateway.config import GatewayConfig
+from baton.services.gateway.http_timeouts import Deadlines, timed_protocol
 from baton.services.gateway.key_reload import KeyReloader
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
@@ -67,6 +68,18 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_config(gateway: Gateway) -> uvicorn.Config:
+    config = gateway.config
+    deadlines = Deadlines(config.http_idle_timeout_s, config.http_header_timeout_s,
+                          config.http_body_timeout_s)
+    timeouts = gateway.metrics.client_timeouts
+    return uvicorn.Config(
+        create_app(gateway), log_level="warning", timeout_graceful_shutdown=30,
+        http=timed_protocol(deadlines, lambda phase: timeouts.labels(phase).inc()),
+        # the same idle deadline for uvicorn's own keep-alive timer, which runs besides
+        timeout_keep_alive=config.http_idle_timeout_s)
+
+
 def _background(gateway: Gateway) -> list[asyncio.Task]:
     """The router health check and, with auth on, the API-keys reload (on SIGHUP too)."""
     tasks: list[asyncio.Task] = []
@@ -94,8 +107,7 @@ async def serve(config: GatewayConfig) -> int:
     sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
     tasks = _background(gateway)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
+    server = uvicorn.Server(_uvicorn_config(gateway))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
