@@ -27,6 +27,7 @@ from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.errors import (CLIENT_CLOSED, error_response, install_handlers,
                                           protocol_error_response)
 from baton.services.gateway.metrics import GatewayMetrics
+from baton.services.gateway.ops_auth import KeyRequired
 from baton.services.gateway.orchestrator import Orchestrator, Refused
 from baton.services.gateway.rate_limits import RateLimited, RateLimiter
 from baton.services.gateway.readiness import RouterHealth
@@ -82,6 +83,8 @@ _BODIES: dict[int | str,
 def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="Baton gateway", description="OpenAI-compatible API for Baton")
     install_handlers(app)
+    if gateway.keys is not None:
+        app.add_middleware(KeyRequired, keys=gateway.keys)
     serving = Serving(gateway)
 
     @app.get("/v1/models")
@@ -104,9 +107,10 @@ def create_app(gateway: Gateway) -> FastAPI:
             return error_response(503, problem, "service_unavailable")
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", response_class=PlainTextResponse)  # documented as the text it is, not JSON
-    async def metrics() -> Response:
-        return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
+    if gateway.config.metrics_port is None:  # otherwise served there only
+        @app.get("/metrics", response_class=PlainTextResponse)  # documented as text, not JSON
+        async def metrics() -> Response:
+            return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest), responses=_BODIES)
     async def completions(request: Request) -> Response:

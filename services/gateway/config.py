@@ -53,6 +53,15 @@ class GatewayConfig(BatonSettings):
         10.0, gt=0,
         description="How often the API-keys file is checked for changes (a Secret update); "
                     "SIGHUP reloads it at once")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="Separate HTTP port for /metrics, /health and /ready, without a key (keep it "
+                    "off the public Service); the API port then serves no /metrics (unset: "
+                    "/metrics on the API port, behind a key when auth is on)")
+    tenant_metrics_label: Literal["name", "hash", "off"] = Field(
+        "name",
+        description="The tenant label on per-tenant metrics: the tenant's 'name', a 'hash' (the "
+                    "first 12 hex digits of its SHA-256) or 'off' (one series, tenant=\"all\")")
     router_check_interval_s: float = Field(
         2.0, gt=0,
         description="How often the router's gRPC health is checked (and the check's timeout); "

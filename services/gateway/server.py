@@ -1,5 +1,6 @@
 """Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C;
-beside it, the router health check and the API-keys reload (SIGHUP or a change of the file)."""
+beside it, the metrics port, the router health check and the API-keys reload (SIGHUP or a change of
+the file)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
+from baton.services.common.http_probe import serve_probes
 from baton.services.common.model_config import context_length, load_config
 from baton.services.common.tool_parsers import parser_for_model
 from baton.services.common.tracing import setup_tracing
@@ -40,7 +42,7 @@ def build_gateway(config: GatewayConfig) -> Gateway:
                 "auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
-    metrics = GatewayMetrics(registry)
+    metrics = GatewayMetrics(registry, config.tenant_metrics_label)
     model_config = load_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     orchestrator = Orchestrator(config.router, config.max_migrations)
@@ -107,18 +109,25 @@ async def serve(config: GatewayConfig) -> int:
     sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
     tasks = _background(gateway)
+    probes = None
+    if config.metrics_port is not None:
+        probes = serve_probes(config.host, config.metrics_port, gateway.registry,
+                              lambda: gateway.not_ready() is None)
     server = uvicorn.Server(_uvicorn_config(gateway))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
+        metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
         # The one line launchers and tests wait for.
         print(
             f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
-            f"model={gateway.model_name}", flush=True)
+            f"model={gateway.model_name}{metrics_at}", flush=True)
     try:
         await task
     finally:
         for background in tasks:
             background.cancel()
+        if probes is not None:
+            probes.shutdown()
     return 0

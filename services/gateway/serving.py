@@ -129,6 +129,7 @@ class Serving:
     def _meter(self, api: ApiRequest, state: ChoiceState, progress: ChoiceProgress, priority: int,
                slo: SLO | None) -> None:
         metrics, tenant = self.gateway.metrics, api.tenant.name
+        label = metrics.tenant(tenant)
         tokens = len(progress.tokens)
         ttft = (progress.first_token_at -
                 api.started if progress.first_token_at is not None else None)
@@ -137,9 +138,9 @@ class Serving:
         metrics.finish_choice(priority, slo if state.finish_reason else None, ttft,
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
-        metrics.completion_tokens.labels(tenant).inc(tokens)
+        metrics.completion_tokens.labels(label).inc(tokens)
         if state.index == 0:
-            metrics.prompt_tokens.labels(tenant).inc(len(api.inp.prompt_token_ids))
+            metrics.prompt_tokens.labels(label).inc(len(api.inp.prompt_token_ids))
         self.gateway.limiter.refund(tenant, api.inp.params.max_tokens - tokens)
 
     async def _events(self, running: Running) -> AsyncIterator[tuple[int, object]]:

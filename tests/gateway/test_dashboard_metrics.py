@@ -18,6 +18,7 @@ CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "baton"
 OPERATOR_PREFIX = "baton_autoscaler_"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{|\s)")
 DECLARED = re.compile(r"^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) ")
+AUTH = {"Authorization": "Bearer sk-alpha"}
 
 
 def listed_metrics() -> set[str]:
@@ -35,11 +36,12 @@ def metrics_url(line_source: list[str]) -> str:
     return f"http://127.0.0.1:{port}/metrics"
 
 
-def exported(url: str) -> set[str]:
+def exported(url: str, headers: dict[str, str] | None = None) -> set[str]:
     """Sample names (a histogram's _bucket/_sum/_count, a counter's _total) plus declared families:
     a labelled metric that nothing has incremented yet (a KV transfer failure) has no sample but is
     exported all the same."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    request = urllib.request.Request(url, headers=headers or {})
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
     names = set()
     for line in text.splitlines():
         m = DECLARED.match(line) if line.startswith("#") else SAMPLE.match(line)
@@ -59,20 +61,18 @@ def samples(disaggregated: Stack) -> set[str]:
     for i in range(3):
         response = httpx.post(
             f"{disaggregated.url}/completions", timeout=60,
-            headers={"Authorization": "Bearer sk-alpha"},
+            headers=AUTH,
             json={"model": model, "prompt": f"dashboard check {i} " * 40, "max_tokens": 8})
         assert response.status_code == 200, response.text
-    urls = [
-        f"http://127.0.0.1:{disaggregated.port}/metrics",
-        metrics_url(disaggregated.router.output)
-    ]
+    # the stack's gateway requires a key for /metrics too
+    gateway = exported(f"http://127.0.0.1:{disaggregated.port}/metrics", AUTH)
+    urls = [metrics_url(disaggregated.router.output)]
     urls += [metrics_url(worker.output) for worker in disaggregated.workers()]
-    return set().union(*(exported(url) for url in urls))
+    return gateway.union(*(exported(url) for url in urls))
 
 
 def _served_model(stack: Stack) -> str:
-    models = httpx.get(f"{stack.url}/models", headers={"Authorization": "Bearer sk-alpha"},
-                       timeout=10).json()
+    models = httpx.get(f"{stack.url}/models", headers=AUTH, timeout=10).json()
     return models["data"][0]["id"]
 
 

@@ -52,10 +52,11 @@ def gateways(tmp_path_factory):
     hangup = SecretMount(tmp_path_factory.mktemp("hangup"))
     started = []
     for mount, interval in ((polled, POLL_S), (hangup, 3600)):
-        service, port = launch_gateway("gateway", f"127.0.0.1:{free_port()}",
-                                       f"--api-keys-file={mount.path}",
-                                       f"--api-keys-poll-interval-s={interval}")
-        started.append((service, port, port, mount))
+        metrics_port = free_port()
+        service, port = launch_gateway(
+            "gateway", f"127.0.0.1:{free_port()}", f"--api-keys-file={mount.path}",
+            f"--api-keys-poll-interval-s={interval}", f"--metrics-port={metrics_port}")
+        started.append((service, port, metrics_port, mount))
     try:
         for service, *_ in started:
             service.wait_ready()
