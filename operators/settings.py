@@ -29,8 +29,9 @@ class OperatorSettings(BatonSettings):
                              description="Workers' gRPC port (NIXL listens on the next one)")
     probe_port: int = Field(
         9100, ge=1024, le=65535,
-        description="Port of the workers' and routers' HTTP server: /metrics, /health, /ready, "
-                    "and the router's /stats and /admin/drain")
+        description="Port of the workers', routers' and gateways' HTTP server: /metrics, "
+                    "/health, /ready, and the router's /stats and /admin/drain (a gateway's API "
+                    "has its own port)")
     metrics_port: int = Field(9090, ge=0, le=65535,
                               description="Port of the operator's /metrics; 0 disables it")
     health_port: int = Field(8080, ge=0, le=65535,
