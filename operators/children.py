@@ -102,11 +102,14 @@ def router_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj
     return [*router_rbac(body), *_component(body, spec, "router", box, pod, ports)]
 
 
-def gateway_args(body: Obj, spec: Obj, model_path: str) -> list[str]:
+def gateway_args(body: Obj, spec: Obj, model_path: str, settings: OperatorSettings) -> list[str]:
+    """/metrics goes to the probe port, which Prometheus scrapes and the gateway's Service (often
+    public) leaves out: it names tenants and their token counts."""
     name = body["metadata"]["name"]
     args = [
         "gateway", "--host", "0.0.0.0", "--port",
-        str(spec["gateway"]["port"]), "--router", f"{r.router_name(name)}:{spec['router']['port']}",
+        str(spec["gateway"]["port"]), "--metrics-port",
+        str(settings.probe_port), "--router", f"{r.router_name(name)}:{spec['router']['port']}",
         "--model", model_path, "--served-model-name",
         served_model_name(name, spec["model"]), "--slos",
         slos_arg(spec["slos"])
@@ -119,8 +122,9 @@ def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Ob
     image = spec["image"].get("gateway") or settings.gateway_image
     source = model_mount(spec["model"], image, spec["image"]["pullPolicy"], tokenizer_only=True)
     box = podspec.container("gateway", image, spec["image"]["pullPolicy"],
-                            gateway_args(body, spec, source.path),
-                            {"http": spec["gateway"]["port"]}, spec["gateway"].get("resources", {}))
+                            gateway_args(body, spec, source.path, settings),
+                            {"http": spec["gateway"]["port"], "metrics": settings.probe_port},
+                            spec["gateway"].get("resources", {}))
     box["volumeMounts"] += source.mounts
     box["env"] = source.env
     pod: Obj = {"volumes": source.volumes}

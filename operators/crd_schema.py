@@ -306,7 +306,7 @@ def deployment_spec() -> Schema:
             "model": model(),
             "image": images(),
             "gateway": service_component(
-                "gateway", 8000, "HTTP (OpenAI API, /metrics, probes)",
+                "gateway", 8000, "HTTP (OpenAI API, probes; not /metrics)",
                 serviceType=string("How the OpenAI endpoint is exposed", enum=[
                     "ClusterIP", "NodePort", "LoadBalancer"
                 ], default="ClusterIP"), apiKeysSecretRef=obj(

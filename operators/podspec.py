@@ -41,9 +41,9 @@ def http_probe(path: str, period: int, failures: int = 3) -> Obj:
 
 def container(name: str, image: str, pull_policy: str, args: list[str], ports: dict[str, int],
               resources: Obj) -> Obj:
-    """`ports` must name an "http" port: every Baton service serves /health, /ready and /metrics
-    there (workers and routers on --metrics-port, the gateway on its API port). /ready turns 503
-    while a process drains."""
+    """`ports` must name an "http" port, where every Baton service serves /health and /ready
+    (workers and routers on --metrics-port, with /metrics; the gateway on its API port, with
+    /metrics on a "metrics" port). /ready turns 503 while a process drains."""
     return {
         "name": name,
         "image": image,

@@ -29,8 +29,9 @@ class OperatorSettings(BatonSettings):
                              description="Workers' gRPC port (NIXL listens on the next one)")
     probe_port: int = Field(
         9100, ge=1024, le=65535,
-        description="Port of the workers' and routers' HTTP server: /metrics, /health, /ready, "
-                    "and the router's /stats and /admin/drain")
+        description="Port of the workers', routers' and gateways' HTTP server: /metrics, "
+                    "/health, /ready, and the router's /stats and /admin/drain (a gateway's API "
+                    "has its own port)")
     ray_port: int = Field(
         6379, ge=1024, le=65535,
         description="Port of the Ray head (GCS) that the leader of a LeaderWorkerSet group starts "

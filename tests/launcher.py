@@ -59,6 +59,7 @@ def metric(service: ServiceProcess, name: str) -> float:
 class Stack:
     services: list[ServiceProcess]  # in the order to stop them: gateway, router, workers
     port: int
+    metrics_port: int  # the gateway's, which needs no key (its API port's /metrics may)
 
     @property
     def url(self) -> str:
@@ -81,8 +82,12 @@ class Stack:
         live = [w for w in self.workers("decode") if w.process.poll() is None]
         return max(live, key=lambda w: metric(w, "baton_num_requests_running"))
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
     def gateway_metric(self, name: str, **labels: str) -> float:
-        return scrape(f"http://127.0.0.1:{self.port}/metrics", name, **labels)
+        return scrape(self.metrics_url, name, **labels)
 
     def stop(self) -> None:
         for service in self.services:
@@ -99,10 +104,11 @@ def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 
                 worker_arg: tuple[str, ...] = ("--num-kv-blocks=512",),
                 router_args: list[str] | None = None,
                 gateway_args: list[str] | None = None) -> Stack:
+    metrics_port = free_port()
     args = argparse.Namespace(mode=mode, prefill_workers=1, decode_workers=decode_workers,
                               kv_transport=kv_transport, host="127.0.0.1", port=free_port(),
                               worker_arg=list(worker_arg), router_arg=router_args or [],
-                              gateway_arg=gateway_args or [],
+                              gateway_arg=[f"--metrics-port={metrics_port}", *(gateway_args or [])],
                               gpu_memory_utilization=0.9, prefill_memory_share=None,
                               api_keys_file=str(api_keys_file) if api_keys_file else None)
     services: list[ServiceProcess] = []
@@ -112,7 +118,7 @@ def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 
         for service in services:
             service.terminate()
         raise
-    return Stack(services, args.port)
+    return Stack(services, args.port, metrics_port)
 
 
 # -- engine workers -------------------------------------------------------------------------------

@@ -26,16 +26,17 @@ from baton.services.common.tool_parsers import ToolParser
 from baton.services.gateway.body import parse_json, read_body
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import GatewayConfig
-from baton.services.gateway.errors import error_response, install_handlers, protocol_error_response
+from baton.services.gateway.errors import (CLIENT_CLOSED, error_response, install_handlers,
+                                          protocol_error_response)
 from baton.services.gateway.metrics import GatewayMetrics
+from baton.services.gateway.ops_auth import KeyRequired
 from baton.services.gateway.orchestrator import Orchestrator, Refused
 from baton.services.gateway.rate_limits import RateLimited, RateLimiter
+from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.gateway.tenants import DEFAULT_TENANT, AuthError, KeyStore, Tenant
 
 log = logging.getLogger(__name__)
-
-CLIENT_CLOSED = 499
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Gateway:
     tool_parser: ToolParser | None = None
     draining: bool = False
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
+    router_health: RouterHealth | None = None
     # renders chat templates and tokenizes, so a long prompt does not stall the event loop
     tokenize_pool: ThreadPoolExecutor = field(init=False)
 
@@ -66,6 +68,12 @@ class Gateway:
                       tokens_per_minute=config.default_tokens_per_minute,
                       min_priority=config.default_min_priority,
                       max_priority=config.default_max_priority)
+
+    def not_ready(self) -> str | None:
+        """Why /ready answers 503, or None when ready."""
+        if self.draining:
+            return "gateway is draining"
+        return self.router_health.problem if self.router_health is not None else None
 
 
 def _schema(model: type) -> dict[str, Any]:
@@ -86,6 +94,8 @@ _BODIES: dict[int | str,
 def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="Baton gateway", description="OpenAI-compatible API for Baton")
     install_handlers(app)
+    if gateway.keys is not None:
+        app.add_middleware(KeyRequired, keys=gateway.keys)
     serving = Serving(gateway)
 
     @app.get("/v1/models")
@@ -103,13 +113,15 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> Response:
-        if gateway.draining:
-            return error_response(503, "gateway is draining", "service_unavailable")
+        problem = gateway.not_ready()
+        if problem is not None:
+            return error_response(503, problem, "service_unavailable")
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", response_class=PlainTextResponse)  # documented as the text it is, not JSON
-    async def metrics() -> Response:
-        return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
+    if gateway.config.metrics_port is None:  # otherwise served there only
+        @app.get("/metrics", response_class=PlainTextResponse)  # documented as text, not JSON
+        async def metrics() -> Response:
+            return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest), responses=_BODIES)
     async def completions(request: Request) -> Response:

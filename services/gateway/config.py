@@ -60,6 +60,35 @@ class GatewayConfig(BatonSettings):
     )
     auth: bool = Field(True,
                        description="Require an API key; off serves everyone as the default tenant")
+    api_keys_poll_interval_s: float = Field(
+        10.0, gt=0,
+        description="How often the API-keys file is checked for changes (a Secret update); "
+                    "SIGHUP reloads it at once")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="Separate HTTP port for /metrics, /health and /ready, without a key (keep it "
+                    "off the public Service); the API port then serves no /metrics (unset: "
+                    "/metrics on the API port, behind a key when auth is on)")
+    tenant_metrics_label: Literal["name", "hash", "off"] = Field(
+        "name",
+        description="The tenant label on per-tenant metrics: the tenant's 'name', a 'hash' (the "
+                    "first 12 hex digits of its SHA-256) or 'off' (one series, tenant=\"all\")")
+    router_check_interval_s: float = Field(
+        2.0, gt=0,
+        description="How often the router's gRPC health is checked (and the check's timeout); "
+                    "/ready answers 503 while it fails")
+    http_idle_timeout_s: float = Field(
+        75.0, gt=0,
+        description="Close a connection that has no request under way for this long (new, or "
+                    "kept alive between requests; above the usual 60 s of proxies in front)")
+    http_header_timeout_s: float = Field(
+        10.0, gt=0,
+        description="Answer 408 and close when a request's head (request line and headers) has "
+                    "not fully arrived this long after its first byte")
+    http_body_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Answer 408 and close when a request's body has not fully arrived this long "
+                    "after its head")
     default_requests_per_minute: int | None = Field(
         None, ge=1, description="Request rate limit of the default tenant (unset: none)")
     default_tokens_per_minute: int | None = Field(

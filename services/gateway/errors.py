@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from baton.services.common.openai_protocol import ProtocolError
+
+CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None,
@@ -33,6 +36,12 @@ def install_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, str(exc.detail), code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client closed the connection (or it was closed for a body too slow, which
+        # http_timeouts logs) before its request was read: nobody is left to answer.
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

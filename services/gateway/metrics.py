@@ -7,6 +7,8 @@ all. docs/metrics.md lists them.
 """
 from __future__ import annotations
 
+import hashlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from baton.services.common.latency_buckets import E2E_BUCKETS
@@ -17,10 +19,21 @@ from baton.services.gateway.config import SLO
 # (kept on the workers, for its dashboards) are 25-50 ms wide at the latencies small models and CPUs
 # give, too coarse to check an SLO against.
 LATENCY_BUCKETS = tuple(round(0.001 * 2 ** (i / 4), 6) for i in range(73))
+ALL_TENANTS = "all"
+
+
+def tenant_label(mode: str, tenant: str) -> str:
+    """The `tenant` label value: the name, a short stable digest of it (the same on every replica
+    and restart, so per-tenant series and dashboards still work without naming customers), or one
+    value for all."""
+    if mode == "hash":
+        return hashlib.sha256(tenant.encode()).hexdigest()[:12]
+    return ALL_TENANTS if mode == "off" else tenant
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, tenant_labels: str = "name") -> None:
+        self.tenant_labels = tenant_labels
         self.requests = Counter("baton_gateway_requests",
                                 "HTTP requests answered, by endpoint and status",
                                 ["endpoint", "status"], registry=registry)
@@ -55,6 +68,18 @@ class GatewayMetrics:
                                   "Streams moved to another decode worker", registry=registry)
         self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served",
                                registry=registry)
+        self.router_up = Gauge("baton_gateway_router_up",
+                               "1 while the router answers its health check", registry=registry)
+        self.key_reloads = Counter("baton_gateway_api_key_reloads",
+                                   "Reloads of the API-keys file, by result (ok, error)",
+                                   ["result"], registry=registry)
+        self.client_timeouts = Counter(
+            "baton_gateway_client_timeouts",
+            "Connections closed because a request's head or body came too slowly, by phase",
+            ["phase"], registry=registry)
+
+    def tenant(self, name: str) -> str:
+        return tenant_label(self.tenant_labels, name)
 
     def finish_choice(self, priority: int, slo: SLO | None, ttft_s: float | None, e2e_s: float,
                       tokens: int) -> None:

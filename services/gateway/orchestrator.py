@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 # elsewhere.
 WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+ROUTER_MAX_BACKOFF_MS = 5000
 
 
 class Refused(Exception):
@@ -55,22 +57,35 @@ class ChoiceProgress:
     failed_workers: list[str] = field(default_factory=list)
 
 
-def _refusal(error: grpc.aio.AioRpcError) -> Refused:
+def _refusal(error: grpc.aio.AioRpcError, request_id: str, peer: str) -> Refused:
+    """The answer to a failed call to the router or a worker. Their own refusals (rate limits, bad
+    arguments, no workers) are written for clients and passed on; anything else is a transport
+    failure whose details name internal addresses, so the client gets a plain 503 and the details
+    go to the log, once."""
     code, details = error.code(), error.details() or error.code().name
+    trailing = dict(error.trailing_metadata() or ())
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        trailing = dict(error.trailing_metadata() or ())
         retry_ms = trailing.get("retry-after-ms")
         return Refused(429, details, "rate_limit_exceeded",
                        float(retry_ms) / 1000 if retry_ms else 1.0)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return Refused(400, details, "invalid_value")
-    return Refused(503, f"no worker can serve this request now: {details}", "service_unavailable",
-                   1.0)
+    if "rejection-reason" in trailing:  # the router's refusal (no_workers)
+        return Refused(503, f"no worker can serve this request now: {details}",
+                       "service_unavailable", 1.0)
+    log.warning("request %s: %s call failed: %s: %s", request_id, peer, code.name, details)
+    what = "is unreachable" if code in UNREACHABLE else f"failed ({code.name})"
+    return Refused(503, f"no worker can serve this request now: the {peer} {what}",
+                   "service_unavailable", 1.0)
 
 
 class Orchestrator:
     def __init__(self, router_address: str, max_migrations: int) -> None:
-        self.router = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
+        # gRPC's reconnect backoff grows to 120 s by default: after a long router outage the
+        # gateway would stay unready (and refuse requests) for up to two minutes after its return.
+        self.channel = grpc.aio.insecure_channel(
+            router_address, options=[("grpc.max_reconnect_backoff_ms", ROUTER_MAX_BACKOFF_MS)])
+        self.router = router_pb2_grpc.RouterStub(self.channel)
         self.max_migrations = max_migrations
         self.workers = WorkerStubs()
 
@@ -91,7 +106,7 @@ class Orchestrator:
         try:
             return await self.router.Place(request, metadata=choice.metadata)
         except grpc.aio.AioRpcError as e:
-            raise _refusal(e) from None
+            raise _refusal(e, choice.request_id, "router") from None
 
     async def run(self, choice: ChoiceRequest,
                   progress: ChoiceProgress) -> AsyncIterator[worker_pb2.GenerateResponse]:
@@ -112,7 +127,7 @@ class Orchestrator:
                 except grpc.aio.AioRpcError as e:
                     if e.code() not in WORKER_LOST or progress.migrations >= self.max_migrations:
                         if e.code() not in WORKER_LOST:
-                            raise _refusal(e) from None
+                            raise _refusal(e, choice.request_id, "worker") from None
                         raise
                     failed_worker = placement.decode_worker_id
                     log.warning("request %s: worker %s lost after %d tokens (%s); migrating",

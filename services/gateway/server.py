@@ -1,8 +1,11 @@
-"""Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C."""
+"""Builds the gateway from its configuration and serves it with uvicorn until SIGTERM or Ctrl-C;
+beside it, the metrics port, the router health check and the API-keys reload (SIGHUP or a change of
+the file)."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from pathlib import Path
 
@@ -10,14 +13,18 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
+from baton.services.common.http_probe import serve_probes
 from baton.services.common.model_config import context_length, load_config
 from baton.services.common.tool_parsers import parser_for_model
 from baton.services.common.tracing import setup_tracing
 from baton.services.gateway.app import Gateway, create_app
 from baton.services.gateway.config import GatewayConfig
+from baton.services.gateway.http_timeouts import Deadlines, timed_protocol
+from baton.services.gateway.key_reload import KeyReloader
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits import RateLimiter
+from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.tenants import KeyStore
 
 log = logging.getLogger(__name__)
@@ -35,15 +42,19 @@ def build_gateway(config: GatewayConfig) -> Gateway:
                 "auth is on but no --api-keys-file was given; pass one, or --no-auth for local use")
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry, config.tenant_metrics_label)
     model_config = load_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    orchestrator = Orchestrator(config.router, config.max_migrations)
     return Gateway(
         config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
         max_model_len=context_length(model_config,
                                      config.max_model_len), vocab_size=model_config.vocab_size,
-        orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
-        metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
-        tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
+        orchestrator=orchestrator, keys=keys, metrics=metrics, registry=registry,
+        limiter=RateLimiter(),
+        tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer),
+        router_health=RouterHealth(orchestrator.channel, config.router_check_interval_s,
+                                   metrics.router_up))
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -59,20 +70,64 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_config(gateway: Gateway) -> uvicorn.Config:
+    config = gateway.config
+    deadlines = Deadlines(config.http_idle_timeout_s, config.http_header_timeout_s,
+                          config.http_body_timeout_s)
+    timeouts = gateway.metrics.client_timeouts
+    return uvicorn.Config(
+        create_app(gateway), log_level="warning", timeout_graceful_shutdown=30,
+        http=timed_protocol(deadlines, lambda phase: timeouts.labels(phase).inc()),
+        # the same idle deadline for uvicorn's own keep-alive timer, which runs besides
+        timeout_keep_alive=config.http_idle_timeout_s)
+
+
+def _background(gateway: Gateway) -> list[asyncio.Task]:
+    """The router health check and, with auth on, the API-keys reload (on SIGHUP too)."""
+    tasks: list[asyncio.Task] = []
+    if gateway.router_health is not None:
+        tasks.append(asyncio.ensure_future(gateway.router_health.watch()))
+    config, reloader = gateway.config, None
+    if gateway.keys is not None and config.api_keys_file is not None:
+        reloader = KeyReloader(gateway.keys, Path(config.api_keys_file),
+                               config.api_keys_poll_interval_s, gateway.metrics.key_reloads)
+        tasks.append(asyncio.ensure_future(reloader.watch()))
+
+    def on_hangup() -> None:
+        if reloader is None:
+            log.info("SIGHUP: no API-keys file to reload (auth is off)")
+        else:
+            reloader.check("SIGHUP", force=True)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
+    return tasks
+
+
 async def serve(config: GatewayConfig) -> int:
     setup_tracing("baton-gateway")
     gateway = build_gateway(config)
     sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=30))
+    tasks = _background(gateway)
+    probes = None
+    if config.metrics_port is not None:
+        probes = serve_probes(config.host, config.metrics_port, gateway.registry,
+                              lambda: gateway.not_ready() is None)
+    server = uvicorn.Server(_uvicorn_config(gateway))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
+        metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
         # The one line launchers and tests wait for.
         print(
             f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
-            f"model={gateway.model_name}", flush=True)
-    await task
+            f"model={gateway.model_name}{metrics_at}", flush=True)
+    try:
+        await task
+    finally:
+        for background in tasks:
+            background.cancel()
+        if probes is not None:
+            probes.shutdown()
     return 0

@@ -180,6 +180,7 @@ class Serving:
     def _meter(self, api: ApiRequest, state: ChoiceState, progress: ChoiceProgress,
                slo: SLO | None) -> None:
         metrics, tenant = self.gateway.metrics, api.tenant.name
+        label = metrics.tenant(tenant)
         tokens = len(progress.tokens)
         ttft = (progress.first_token_at -
                 api.started if progress.first_token_at is not None else None)
@@ -188,9 +189,9 @@ class Serving:
         metrics.finish_choice(api.priority, slo if state.finish_reason else None, ttft,
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
-        metrics.completion_tokens.labels(tenant).inc(tokens)
+        metrics.completion_tokens.labels(label).inc(tokens)
         if state.index == 0:
-            metrics.prompt_tokens.labels(tenant).inc(len(api.inp.prompt_token_ids))
+            metrics.prompt_tokens.labels(label).inc(len(api.inp.prompt_token_ids))
         self.gateway.limiter.refund(tenant, api.inp.params.max_tokens - tokens)
 
     async def _events(self, running: Running) -> AsyncIterator[tuple[int, object]]:
@@ -238,9 +239,8 @@ class Serving:
             async for index, item in self._events(running):
                 if isinstance(item, Refused):
                     raise item
-                if isinstance(item, grpc.aio.AioRpcError):
-                    raise Refused(503, f"a worker failed mid-request: {item.details()}",
-                                  "worker_failed", 1.0)
+                if isinstance(item, grpc.aio.AioRpcError):  # logged by _run_choice
+                    raise Refused(503, "a worker failed mid-request", "worker_failed", 1.0)
                 if item is not _END:
                     running.states[index].add(item)
             return running.states
@@ -255,7 +255,8 @@ def _error_event(error: Exception) -> dict[str, object]:
                 "message": error.message, "type": "server_error", "param": None, "code": error.code
             }
         }
-    message = f"the stream broke and could not move to another worker: {error.details()}"
+    # The gRPC details name internal addresses; _run_choice logged them with the request id.
+    message = "the stream broke and could not move to another worker"
     return {
         "error": {
             "message": message, "type": "server_error", "param": None, "code": "worker_failed"

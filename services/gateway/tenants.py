@@ -78,26 +78,84 @@ def _optional_int(entry: dict, key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def _yaml_error(error: yaml.YAMLError) -> str:
+    """Where the file is wrong, without the snippet PyYAML quotes, which may hold a key."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or type(error).__name__
+    return f"line {mark.line + 1}: {problem}" if mark is not None else problem
+
+
+def _tenant(entry: object, source: str) -> tuple[Tenant, list[str]]:
+    if not isinstance(entry, dict) or not str(entry.get("name") or ""):
+        raise ValueError(f"{source}: each tenant must be a mapping with a name")
+    name = str(entry["name"])
+    keys, hashed = entry.get("keys", []), entry.get("key_sha256", [])
+    if not isinstance(keys, list) or not isinstance(hashed, list):
+        raise ValueError(f"{source}: tenant {name!r}: keys and key_sha256 must be lists")
+    try:
+        priorities = {key: _optional_int(entry, key)
+                      for key in ("priority", "min_priority", "max_priority")}
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: tenant {name!r}: priorities must be integers") from None
+    try:
+        tenant = Tenant(name=name, priority=priorities["priority"] or 0,
+                        cache_salt=str(entry.get("cache_salt") or f"tenant:{name}"),
+                        requests_per_minute=entry.get("requests_per_minute"),
+                        tokens_per_minute=entry.get("tokens_per_minute"),
+                        min_priority=priorities["min_priority"],
+                        max_priority=priorities["max_priority"])
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    digests = [digest(str(k)) for k in keys] + [str(h).lower() for h in hashed]
+    if not digests:
+        raise ValueError(f"{source}: tenant {name!r} has no keys")
+    return tenant, digests
+
+
+def parse_keys(raw: bytes, source: str) -> dict[str, Tenant]:
+    """Tenants by key digest from the file's bytes. A ValueError says what is wrong with the file
+    and never quotes a key."""
+    try:
+        doc = yaml.safe_load(raw.decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source}: not valid YAML or JSON ({_yaml_error(e)})") from None
+    entries = doc.get("tenants") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        # with auth on, a store without keys would turn every client away
+        raise ValueError(f"{source}: expected a non-empty `tenants:` list")
+    by_digest: dict[str, Tenant] = {}
+    for entry in entries:
+        tenant, digests = _tenant(entry, source)
+        for d in digests:
+            if d in by_digest and by_digest[d].name != tenant.name:
+                raise ValueError(f"{source}: a key of tenant {tenant.name!r} is also one of "
+                                 f"{by_digest[d].name!r}")
+            by_digest[d] = tenant
+    return by_digest
+
+
 class KeyStore:
-    def __init__(self, tenants_by_digest: dict[str, Tenant]) -> None:
+    """The keys in force. `replace` swaps them all at once (a reload), so a request sees either
+    the old set or the new one."""
+
+    def __init__(self, tenants_by_digest: dict[str, Tenant], version: str | None = None) -> None:
         self._by_digest = tenants_by_digest
+        self.version = version  # SHA-256 of the file content the keys came from
 
     @classmethod
     def load(cls, path: str | Path) -> "KeyStore":
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-        by_digest: dict[str, Tenant] = {}
-        for entry in doc.get("tenants", []):
-            tenant = Tenant(name=str(entry["name"]), priority=int(entry.get("priority", 0)),
-                            cache_salt=str(entry.get("cache_salt") or f"tenant:{entry['name']}"),
-                            requests_per_minute=entry.get("requests_per_minute"),
-                            tokens_per_minute=entry.get("tokens_per_minute"),
-                            min_priority=_optional_int(entry, "min_priority"),
-                            max_priority=_optional_int(entry, "max_priority"))
-            digests = [digest(k) for k in entry.get("keys", [])] + list(entry.get("key_sha256", []))
-            if not digests:
-                raise ValueError(f"tenant {tenant.name!r} in {path} has no keys")
-            by_digest.update(dict.fromkeys(digests, tenant))
-        return cls(by_digest)
+        raw = Path(path).read_bytes()
+        return cls(parse_keys(raw, str(path)), hashlib.sha256(raw).hexdigest())
+
+    def replace(self, tenants_by_digest: dict[str, Tenant], version: str) -> None:
+        self._by_digest, self.version = tenants_by_digest, version
+
+    def counts(self) -> tuple[int, int]:
+        """(tenants, keys)."""
+        by_digest = self._by_digest
+        return len({t.name for t in by_digest.values()}), len(by_digest)
 
     def tenant_for(self, authorization: str | None) -> Tenant:
         if not authorization or not authorization.lower().startswith("bearer "):

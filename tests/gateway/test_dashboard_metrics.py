@@ -18,6 +18,7 @@ CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "baton"
 OPERATOR_PREFIX = "baton_autoscaler_"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{|\s)")
 DECLARED = re.compile(r"^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) ")
+AUTH = {"Authorization": "Bearer sk-alpha"}
 
 
 def listed_metrics() -> set[str]:
@@ -59,20 +60,17 @@ def samples(disaggregated: Stack) -> set[str]:
     for i in range(3):
         response = httpx.post(
             f"{disaggregated.url}/completions", timeout=60,
-            headers={"Authorization": "Bearer sk-alpha"},
+            headers=AUTH,
             json={"model": model, "prompt": f"dashboard check {i} " * 40, "max_tokens": 8})
         assert response.status_code == 200, response.text
-    urls = [
-        f"http://127.0.0.1:{disaggregated.port}/metrics",
-        metrics_url(disaggregated.router.output)
-    ]
+    gateway = exported(disaggregated.metrics_url)
+    urls = [metrics_url(disaggregated.router.output)]
     urls += [metrics_url(worker.output) for worker in disaggregated.workers()]
-    return set().union(*(exported(url) for url in urls))
+    return gateway.union(*(exported(url) for url in urls))
 
 
 def _served_model(stack: Stack) -> str:
-    models = httpx.get(f"{stack.url}/models", headers={"Authorization": "Bearer sk-alpha"},
-                       timeout=10).json()
+    models = httpx.get(f"{stack.url}/models", headers=AUTH, timeout=10).json()
     return models["data"][0]["id"]
 
 

@@ -38,7 +38,7 @@ def _agrees(client: float, buckets: list, q: float) -> tuple[bool, str]:
 @pytest.fixture(scope="module")
 def run(colocated, model):
     """One load-test run shared by both tests (it takes 20 s)."""
-    metrics = f"http://127.0.0.1:{colocated.port}/metrics"
+    metrics = colocated.metrics_url
     before = {k: scrape_histogram(metrics, name) for k, name in HISTOGRAMS.items()}
     # 20 s at 3/s: some 60 requests and well over a thousand token gaps, enough for stable p50/p90
     # on both sides.

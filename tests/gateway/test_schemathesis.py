@@ -31,7 +31,8 @@ def _bounded(body: object) -> object:
 def test_no_server_errors_and_responses_conform(disaggregated):
     # Driven through hypothesis directly: schemathesis' pytest plugin (from_fixture) does not run
     # under pytest 9.
-    schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{disaggregated.port}/openapi.json")
+    schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{disaggregated.port}/openapi.json",
+                                           headers=AUTH)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path
             for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/v1/models"}

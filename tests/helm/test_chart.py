@@ -128,3 +128,21 @@ def test_golden(rendered: dict[str, str], name: str) -> None:
                                     f"golden/{name}.yaml", "rendered", lineterm="", n=2)
         pytest.fail("chart output changed (BATON_UPDATE_GOLDEN=1 accepts it):\n" +
                     "\n".join(list(diff)[:200]))
+
+
+def test_gateway_metrics_are_scraped_on_their_own_port(rendered: dict[str, str]) -> None:
+    """The operator gives each gateway a `metrics` container port outside its Service (see
+    tests/operators/test_children.py); Prometheus scrapes gateways there and only there."""
+    docs = documents(rendered["example"])
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert set(endpoints) == {"http", "metrics"}
+    drop = endpoints["http"]["relabelings"][0]
+    assert drop == {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
+                    "regex": "gateway", "action": "drop"}
+    targets = [r["targetLabel"] for r in endpoints["metrics"]["relabelings"]]
+    assert targets == ["pool", "role", "deployment"]
+    policy = next(d for d in documents(rendered["namespaced"])
+                  if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-gateway"))
+    clients, monitoring = policy["spec"]["ingress"]
+    assert clients["ports"] == [{"port": "http"}] and monitoring["ports"] == [{"port": "metrics"}]

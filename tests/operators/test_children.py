@@ -1,8 +1,11 @@
-"""The router's flags as the operator renders them from a BatonDeployment."""
+"""The router's flags and the gateway's pod and Service as the operator renders them from a
+BatonDeployment."""
 from __future__ import annotations
 
-from baton.operators.children import router_args
+from baton.operators import resources as r
+from baton.operators.children import gateway_objects, router_args
 from baton.operators.settings import OperatorSettings
+from baton.operators.spec import defaulted
 
 
 def test_router_cuts_prompts_into_the_smallest_worker_block_size_compared_as_numbers():
@@ -34,3 +37,21 @@ def test_least_loaded_is_the_default_scorers_with_the_prefix_scorer_off():
     expected = {e.name: (0.0 if e.name == "prefix_overlap" else e.weight)
                 for e in RouterConfig().scorers}
     assert {e.name: e.weight for e in config.scorers} == expected
+
+
+def test_gateway_metrics_are_on_a_pod_port_the_service_leaves_out():
+    body = {"metadata": {"name": "qwen", "namespace": "llm", "uid": "u"},
+            "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND,
+            "spec": {"model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "w:1"},
+                     "gateway": {"serviceType": "LoadBalancer"},
+                     "pools": {"decode": {"minReplicas": 1, "maxReplicas": 1}}}}
+    settings = OperatorSettings(probe_port=9100)
+    objects = gateway_objects(body, defaulted(r.DEPLOYMENT_KIND, body), settings)
+    deployment, service = (next(o for o in objects if o["kind"] == kind)
+                           for kind in ("Deployment", "Service"))
+    box = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert box["args"][box["args"].index("--metrics-port") + 1] == "9100"
+    assert {p["name"]: p["containerPort"] for p in box["ports"]} == {"http": 8000, "metrics": 9100}
+    assert box["readinessProbe"]["httpGet"]["port"] == "http"
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]

@@ -110,3 +110,16 @@ seccompProfile:
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
 {{- end }}
+
+{{/*
+The labels a Baton pod's metrics get from its pod labels: the dashboards and the autoscaler select
+by pool, role and deployment.
+*/}}
+{{- define "baton.podMonitorLabels" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_serving_baton_dev_pool]
+  targetLabel: pool
+- sourceLabels: [__meta_kubernetes_pod_label_serving_baton_dev_role]
+  targetLabel: role
+- sourceLabels: [__meta_kubernetes_pod_label_serving_baton_dev_deployment]
+  targetLabel: deployment
+{{- end }}
