@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from baton.services.engine.attention import AttentionMetadata
+from baton.services.engine.layers.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,10 @@ from transformers import PretrainedConfig
 
 from baton.services.common.model_config import head_dim
 from baton.services.engine import kv_cache
-from baton.services.engine.attention import Attention, AttentionMetadata, PrefillSpan, plan_torch
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
+from baton.services.engine.layers.attention import (Attention, AttentionMetadata, PrefillSpan,
+                                                    plan_torch)
 from baton.services.engine.models.loader import load_model
 from baton.services.engine.prompt_logprobs import score_prompts
 from baton.services.engine.scheduler import ScheduledSeq

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
-from baton.services.engine.attention import Attention
+from baton.services.engine.layers.attention import Attention
 from baton.services.engine.models.loader import load_model
 
 

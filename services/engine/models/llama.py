@@ -1,9 +1,11 @@
-"""The Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+"""The Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache, composed of
+services/engine/layers.
 
 Tokens of all sequences in a step are packed flat ([num_tokens, hidden]); attention reads and writes
 the paged cache through the step's AttentionMetadata. Module names mirror transformers', except that
-q/k/v and gate/up are stacked into one parameter each (STACKED_PROJECTIONS; the loader fills their
-row ranges); the arithmetic follows transformers' order so float32 outputs match it.
+q/k/v and gate/up are stacked into one projection each (STACKED_PROJECTIONS; the loader hands each
+checkpoint tensor to its layer with its part); the arithmetic follows transformers' order so float32
+outputs match it.
 """
 from __future__ import annotations
 
@@ -11,30 +13,15 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from baton.services.engine.attention import Attention, AttentionMetadata
-from baton.services.engine.models import ops
-from baton.services.engine.models.rope import RotaryEmbedding
+from baton.services.engine.layers.activation import SiluAndMul
+from baton.services.engine.layers.attention import Attention, AttentionMetadata
+from baton.services.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from baton.services.engine.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                                 RowParallelLinear)
+from baton.services.engine.layers.norm import RMSNorm
+from baton.services.engine.layers.rotary import RotaryEmbedding
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)[0]
-
-    def add_and_norm(self, x: torch.Tensor,
-                     residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(RMSNorm(x + residual), x + residual): one fused kernel on CUDA, which may update
-        residual in place."""
-        return ops.rms_norm(x, self.weight, self.eps, residual)
-
-
-# Checkpoint projections that load into row ranges of one fused parameter: (fused name, part). One
-# GEMM then reads the activations once and launches once where the checkpoint has three (q, k, v)
-# or two (gate, up); at decode's few rows each small GEMM otherwise runs well below bandwidth.
+# Checkpoint projections that load as parts of one stacked projection: (stacked name, part).
 STACKED_PROJECTIONS = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
@@ -55,11 +42,9 @@ class SelfAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.part_sizes = {"qkv_proj": [q_size, kv_size, kv_size]}
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size,
-                                  bias=_has_qkv_bias(config))
-        self.o_proj = nn.Linear(
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads,
+                                          self.num_kv_heads, bias=_has_qkv_bias(config))
+        self.o_proj = RowParallelLinear(
             self.num_heads * self.head_dim, config.hidden_size,
             bias=config.model_type != "qwen2" and bool(getattr(config, "attention_bias", False)))
         if config.model_type == "qwen3":
@@ -71,8 +56,8 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        # Views into the fused output: the kernels and the cache write take strided rows.
-        q, k, v = self.qkv_proj(x).split(self.part_sizes["qkv_proj"], dim=-1)
+        # Views into the stacked output: the kernels and the cache write take strided rows.
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.part_sizes, dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -87,13 +72,14 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.part_sizes = {"gate_up_proj": [config.intermediate_size] * 2}
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size,
+                                                       [config.intermediate_size] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size,
+                                           bias=bias)
+        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(ops.silu_and_mul(gate, up))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -121,18 +107,21 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, config: PretrainedConfig, attention: Attention) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, attention) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
+    # Read by the loader: which checkpoint tensors are parts of which layer.
+    stacked_projections = STACKED_PROJECTIONS
+
     def __init__(self, config: PretrainedConfig, attention: Attention) -> None:
         super().__init__()
         self.config = config
         self.model = Backbone(config, attention)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         # built by the loader on the real device, after weights
         self.rope: RotaryEmbedding | None = None
 

@@ -10,8 +10,6 @@ import torch
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from baton.services.engine.models import ops
-
 # These recompute frequencies per sequence length; a position-indexed table cannot represent them.
 UNSUPPORTED_ROPE_TYPES = ("dynamic", "longrope")
 
@@ -44,4 +42,17 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D]; on CUDA rotated in place by one fused kernel."""
-        return ops.rotary(q, k, self.cos, self.sin, positions)
+        if q.is_cuda:
+            from baton.kernels.rotary import apply_rotary
+            # In place: q and k are fresh projection outputs that nothing else reads.
+            apply_rotary(q, k, self.cos, self.sin, positions)
+            return q, k
+        # In the activations' dtype, as transformers does.
+        c = self.cos[positions].to(q.dtype).unsqueeze(1)
+        s = self.sin[positions].to(q.dtype).unsqueeze(1)
+        return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
