@@ -83,7 +83,11 @@ class Serving:
         ]
         running = Running(api, states, events, tasks, span)
         self.gateway.metrics.in_flight.inc()
-        first = await events.get()
+        try:
+            first = await events.get()
+        except asyncio.CancelledError:  # the client left before the first event: so do the choices
+            await self.finish(running)
+            raise
         if isinstance(first[1], Refused):
             await self.finish(running)
             raise first[1]
