@@ -17,6 +17,16 @@ ABORT_TIMEOUT_S = 5.0
 _aborts: set[asyncio.Future] = set()  # the loop keeps only weak references to its tasks
 
 
+class PrefillFailed(grpc.aio.AioRpcError):
+    """The Prefill call failed or ran past its deadline (the prefill worker's status and message):
+    nothing was sent to the decode worker, so the caller may compute the prompt there instead."""
+
+    @classmethod
+    def of(cls, error: grpc.aio.AioRpcError) -> "PrefillFailed":
+        return cls(error.code(), error.initial_metadata(), error.trailing_metadata(),
+                   error.details(), error.debug_error_string())
+
+
 def first_token_at_prefill(params: pb.SamplingParams) -> bool:
     """Whether a hand-off's first token goes out as the prefill returns rather than after the
     hand-off. With stop strings its text may still be cut, which only the decode worker's
@@ -27,19 +37,23 @@ def first_token_at_prefill(params: pb.SamplingParams) -> bool:
 async def stream_tokens(
     decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
     meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
-    metadata: Sequence[tuple[str, str]] = ()
+    metadata: Sequence[tuple[str, str]] = (), prefill_timeout_s: float | None = None
 ) -> AsyncIterator[pb.GenerateResponse]:
     """Yields the request's GenerateResponse messages, the first token included, whichever way it
-    runs. gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message."""
+    runs. gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message; those
+    of the Prefill call (DEADLINE_EXCEEDED past prefill_timeout_s) as PrefillFailed."""
     request = pb.GenerateRequest(meta=meta, prompt_token_ids=prompt, params=params)
     if prefill is not None:
         try:
             done = await prefill.Prefill(
                 pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params),
-                metadata=metadata)
-        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+                metadata=metadata, timeout=prefill_timeout_s)
+        except asyncio.CancelledError:
             abandon(prefill, meta.request_id)
             raise
+        except grpc.aio.AioRpcError as e:
+            abandon(prefill, meta.request_id)
+            raise PrefillFailed.of(e) from None
         if done.finish_reason:
             yield _finished_at_prefill(done, len(prompt))
             return

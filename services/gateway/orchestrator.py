@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.services.common.handoff_client import first_token_at_prefill, stream_tokens
+from baton.services.common.handoff_client import (PrefillFailed, first_token_at_prefill,
+                                                   stream_tokens)
 from baton.services.common.worker_stubs import WorkerStubs
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2
 
@@ -31,6 +32,17 @@ class Refused(Exception):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
         self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class PrefillDeadline:
+    """How long a prefill worker may take to answer before the prompt is computed on the decode
+    worker instead: a multiple of the request's TTFT SLO, or a fixed time without one."""
+    slo_factor: float
+    default_s: float
+
+    def for_slo(self, ttft_slo_ms: float | None) -> float:
+        return self.default_s if ttft_slo_ms is None else self.slo_factor * ttft_slo_ms / 1000
 
 
 @dataclass
@@ -69,9 +81,11 @@ def _refusal(error: grpc.aio.AioRpcError) -> Refused:
 
 
 class Orchestrator:
-    def __init__(self, router_address: str, max_migrations: int) -> None:
+    def __init__(self, router_address: str, max_migrations: int,
+                 prefill_deadline: PrefillDeadline) -> None:
         self.router = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
         self.max_migrations = max_migrations
+        self.prefill_deadline = prefill_deadline
         self.workers = WorkerStubs()
 
     async def place(self, choice: ChoiceRequest, tokens: list[int],
@@ -100,15 +114,24 @@ class Orchestrator:
         placement = await self.place(choice, [])
         placed_at = time.monotonic()
         failed_worker = ""
+        local = False  # set when the placed prefill worker failed: the decode worker computes
         try:
             while True:
                 try:
-                    async for message in self._attempt(choice, placement, progress.tokens):
+                    async for message in self._attempt(choice, placement, progress.tokens, local):
                         if message.token_ids and progress.first_token_at is None:
                             progress.first_token_at = time.monotonic()
                         progress.tokens += message.token_ids
                         yield message
                     return
+                except PrefillFailed as e:
+                    if e.code() not in WORKER_LOST:
+                        raise _refusal(e) from None
+                    log.warning("request %s: prefill worker %s failed (%s: %s); prefilling on "
+                                "decode worker %s instead", choice.request_id,
+                                placement.prefill_worker_id, e.code().name, e.details(),
+                                placement.decode_worker_id)
+                    failed_worker, local = placement.prefill_worker_id, True
                 except grpc.aio.AioRpcError as e:
                     if e.code() not in WORKER_LOST or progress.migrations >= self.max_migrations:
                         if e.code() not in WORKER_LOST:
@@ -125,13 +148,13 @@ class Orchestrator:
                     progress.failed_workers.append(failed_worker)
                     placement = await self.place(choice, progress.tokens, progress.failed_workers)
                     placed_at = time.monotonic()
-                    failed_worker = ""
+                    failed_worker, local = "", False
         finally:
             if placement is not None:
                 await asyncio.shield(self._release(placement, progress, failed_worker, placed_at))
 
-    def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement,
-                 tokens: list[int]) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement, tokens: list[int],
+                 local: bool) -> AsyncIterator[worker_pb2.GenerateResponse]:
         meta = worker_pb2.RequestMeta(request_id=choice.request_id, priority=choice.priority,
                                       cache_salt=choice.cache_salt)
         decode = self.workers.get(placement.decode_address)
@@ -142,9 +165,10 @@ class Orchestrator:
             request.params.ClearField("prompt_logprobs")  # the first message already carried them
             return decode.Generate(request, metadata=choice.metadata)
         remote = (placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and
-                  placement.prefill_address)
+                  placement.prefill_address and not local)
         prefill = self.workers.get(placement.prefill_address) if remote else None
-        return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata)
+        return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata,
+                             self.prefill_deadline.for_slo(choice.ttft_slo_ms))
 
     async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str,
                        placed_at: float) -> None:

@@ -16,7 +16,7 @@ from baton.services.common.tracing import setup_tracing
 from baton.services.gateway.app import Gateway, create_app
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.metrics import GatewayMetrics
-from baton.services.gateway.orchestrator import Orchestrator
+from baton.services.gateway.orchestrator import Orchestrator, PrefillDeadline
 from baton.services.gateway.rate_limits import RateLimiter
 from baton.services.gateway.tenants import KeyStore
 
@@ -41,7 +41,10 @@ def build_gateway(config: GatewayConfig) -> Gateway:
         config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
         max_model_len=context_length(model_config,
                                      config.max_model_len), vocab_size=model_config.vocab_size,
-        orchestrator=Orchestrator(config.router, config.max_migrations), keys=keys,
+        orchestrator=Orchestrator(
+            config.router, config.max_migrations,
+            PrefillDeadline(config.prefill_timeout_slo_factor, config.prefill_timeout_s)),
+        keys=keys,
         metrics=GatewayMetrics(registry), registry=registry, limiter=RateLimiter(),
         tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer))
 
