@@ -13,7 +13,7 @@ import grpc
 
 from baton.services.common.handoff_client import (PrefillFailed, first_token_at_prefill,
                                                    stream_tokens)
-from baton.services.common.worker_stubs import WorkerStubs
+from baton.services.common.worker_stubs import RECONNECT_OPTIONS, WorkerStubs
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ def _refusal(error: grpc.aio.AioRpcError) -> Refused:
 class Orchestrator:
     def __init__(self, router_address: str, max_migrations: int,
                  prefill_deadline: PrefillDeadline) -> None:
-        self.router = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(router_address))
+        self.router = router_pb2_grpc.RouterStub(
+            grpc.aio.insecure_channel(router_address, options=RECONNECT_OPTIONS))
         self.max_migrations = max_migrations
         self.prefill_deadline = prefill_deadline
         self.workers = WorkerStubs()
