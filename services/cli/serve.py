@@ -1,7 +1,9 @@
 """`baton serve`: the whole stack on one machine, as local processes on loopback: workers (a prefill
 and a decode pool, or mixed workers), the router and the gateway. It waits until all are ready,
 prints the URL and a sample request, and stops everything (gateway first, workers last, each
-draining) on Ctrl-C or SIGTERM.
+draining) on Ctrl-C or SIGTERM. A service that dies meanwhile is restarted on its ports, with a
+back-off, while the others keep serving; one that keeps dying (more than --max-restarts times within
+--restart-window-s) stops the stack with an error.
 
 On a GPU every worker runs on the same (first visible) device, so each gets a share of its memory:
 the workers together may use --gpu-memory-utilization of it, the prefill pool --prefill-memory-share
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from baton.services.common.process import ServiceProcess, free_port, launch_service
+from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--gateway-arg", action="append", default=[], metavar="ARG",
         help="extra argument for the gateway, e.g. --gateway-arg=--slos=0=500/50 (repeatable)")
+    parser.add_argument(
+        "--max-restarts", type=int, default=5,
+        help="deaths of one service within --restart-window-s that are still restarted; one more "
+             "stops the stack [default: 5]")
+    parser.add_argument("--restart-window-s", type=float, default=120.0,
+                        help="the window --max-restarts counts in [default: 120]")
+    parser.add_argument(
+        "--restart-backoff-s", type=float, default=1.0,
+        help="delay before restarting a service that died; doubles while it keeps dying, up to "
+             "30 s [default: 1]")
     parser.set_defaults(func=run)
 
 
@@ -137,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     services: list[ServiceProcess] = []
     try:
         try:
+            policy = RestartPolicy(args.max_restarts, args.restart_window_s,
+                                   args.restart_backoff_s)
             start_stack(args, model, name, services)
         except ValueError as e:
             log.error("baton serve: %s", e)
@@ -153,11 +168,12 @@ def run(args: argparse.Namespace) -> int:
             "application/json' "
             f"-d '{{\"model\": \"{name}\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}}'",
             flush=True)
-        while not stop.wait(0.5):
-            dead = [s for s in services if s.process.poll() is not None]
-            if dead:
-                log.error("%s exited with %s; stopping the stack:\n%s", dead[0].name,
-                          dead[0].process.returncode, dead[0].log())
+        supervisor = Supervisor(services, policy)
+        while not stop.wait(0.2):
+            try:
+                supervisor.check()
+            except GaveUp as e:
+                log.error("baton serve: %s; stopping the stack", e)
                 return 1
         return 0
     finally:

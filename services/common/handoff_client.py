@@ -3,10 +3,28 @@ disaggregated (Prefill on one worker, then Generate with the KV handle on anothe
 orchestrates with this."""
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
+
+import grpc
 
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+ABORT_TIMEOUT_S = 5.0
+_aborts: set[asyncio.Future] = set()  # the loop keeps only weak references to its tasks
+
+
+class PrefillFailed(grpc.aio.AioRpcError):
+    """The Prefill call failed or ran past its deadline (the prefill worker's status and message):
+    nothing was sent to the decode worker, so the caller may compute the prompt there instead."""
+
+    @classmethod
+    def of(cls, error: grpc.aio.AioRpcError) -> "PrefillFailed":
+        return cls(error.code(), error.initial_metadata(), error.trailing_metadata(),
+                   error.details(), error.debug_error_string())
 
 
 def first_token_at_prefill(params: pb.SamplingParams) -> bool:
@@ -19,14 +37,23 @@ def first_token_at_prefill(params: pb.SamplingParams) -> bool:
 async def stream_tokens(
     decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
     meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
-    metadata: Sequence[tuple[str, str]] = ()
+    metadata: Sequence[tuple[str, str]] = (), prefill_timeout_s: float | None = None
 ) -> AsyncIterator[pb.GenerateResponse]:
     """Yields the request's GenerateResponse messages, the first token included, whichever way it
-    runs. gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message."""
+    runs. gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message; those
+    of the Prefill call (DEADLINE_EXCEEDED past prefill_timeout_s) as PrefillFailed."""
     request = pb.GenerateRequest(meta=meta, prompt_token_ids=prompt, params=params)
     if prefill is not None:
-        done = await prefill.Prefill(
-            pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params), metadata=metadata)
+        try:
+            done = await prefill.Prefill(
+                pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params),
+                metadata=metadata, timeout=prefill_timeout_s)
+        except asyncio.CancelledError:
+            abandon(prefill, meta.request_id)
+            raise
+        except grpc.aio.AioRpcError as e:
+            abandon(prefill, meta.request_id)
+            raise PrefillFailed.of(e) from None
         if done.finish_reason:
             yield _finished_at_prefill(done, len(prompt))
             return
@@ -38,10 +65,13 @@ async def stream_tokens(
             request.first_logprob.CopyFrom(done.first_logprob)
         request.first_token_streamed = first_token_at_prefill(params)
     call = decode.Generate(request, metadata=metadata)  # under way before the first yield
+    # Until the decode worker answers, the prefill worker's lease may be no one's to release.
+    handed_off = prefill is None
     try:
         if request.first_token_streamed:
             yield _first_token(done, len(prompt))
         async for message in call:
+            handed_off = True
             # they travel on the stream's first message
             if prefill is not None and done.prompt_logprobs:
                 message.prompt_logprobs.extend(done.prompt_logprobs)
@@ -50,6 +80,25 @@ async def stream_tokens(
     finally:
         # a caller that stops reading (a client gone) aborts the request on the worker
         call.cancel()
+        if not handed_off:
+            abandon(prefill, meta.request_id)
+
+
+def abandon(prefill: worker_pb2_grpc.WorkerStub, request_id: str) -> None:
+    """Tells a prefill worker, in the background and best effort, that the request is given up: a
+    prefill still computing stops, and a lease that no decode worker has taken over (confirmed) is
+    freed now. One that cannot be reached frees the blocks when the lease expires."""
+
+    async def abort() -> None:
+        try:
+            await prefill.Abort(pb.AbortRequest(request_id=request_id), timeout=ABORT_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.info("request %s: abort on its prefill worker failed: %s", request_id,
+                     e.code().name)
+
+    task = asyncio.ensure_future(abort())
+    _aborts.add(task)
+    task.add_done_callback(_aborts.discard)
 
 
 def _first_token(done: pb.PrefillResponse, num_prompt_tokens: int) -> pb.GenerateResponse:

@@ -23,6 +23,19 @@ class ServiceProcess:
     address: str = ""
     output: deque[str] = field(default_factory=lambda: deque(maxlen=200))
     ready: threading.Event = field(default_factory=threading.Event)
+    # how it was started (the whole command line): a relaunch repeats it, ports included
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+
+    def relaunch(self) -> None:
+        """Starts the service again as it was started (on the same ports), once it has exited;
+        wait_ready waits for the new process."""
+        if self.process.poll() is None:
+            raise RuntimeError(f"{self.name} is still running")
+        self.ready.clear()
+        self.output.append(f"[{self.name} restarted]")
+        self.process = _spawn(self.command, self.env)
+        _follow_output(self)
 
     def wait_ready(self, timeout: float = 120.0) -> "ServiceProcess":
         """Returns once the ready line was printed; raises RuntimeError with the output if the
@@ -55,10 +68,25 @@ class ServiceProcess:
 def launch_service(name: str, args: list[str], env: dict[str, str] | None = None) -> ServiceProcess:
     """Starts `baton ARGS...` without waiting, so several services can start side by side; see
     wait_ready."""
-    process = subprocess.Popen([sys.executable, "-m", "baton.services.cli.main", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, **(env or {})})
-    service = ServiceProcess(name, process)
+    return launch_command(name, [sys.executable, "-m", "baton.services.cli.main", *args], env)
+
+
+def launch_command(name: str, command: list[str],
+                   env: dict[str, str] | None = None) -> ServiceProcess:
+    """Starts any command as a service (its output kept, its ready line watched for)."""
+    service = ServiceProcess(name, _spawn(command, env), command=list(command), env=env)
+    _follow_output(service)
+    return service
+
+
+def _spawn(command: list[str], env: dict[str, str] | None) -> subprocess.Popen:
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def _follow_output(service: ServiceProcess) -> None:
+    """Keeps the process's last lines and sets `ready` (and the address) at its ready line."""
+    process = service.process
 
     def pump() -> None:
         for line in process.stdout:
@@ -68,8 +96,7 @@ def launch_service(name: str, args: list[str], env: dict[str, str] | None = None
                 service.address = match.group(1)
                 service.ready.set()
 
-    threading.Thread(target=pump, name=f"{name}-output", daemon=True).start()
-    return service
+    threading.Thread(target=pump, name=f"{service.name}-output", daemon=True).start()
 
 
 def start_service(name: str, args: list[str], env: dict[str, str] | None = None,

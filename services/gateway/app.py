@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -24,7 +25,6 @@ from baton.services.common.openai_protocol import (ChatCompletionRequest, Comple
 from baton.services.common.openai_render import build_response
 from baton.services.common.tool_parsers import ToolParser
 from baton.services.gateway.body import parse_json, read_body
-from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.errors import (CLIENT_CLOSED, error_response, install_handlers,
                                           protocol_error_response)
@@ -37,6 +37,7 @@ from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.gateway.tenants import DEFAULT_TENANT, AuthError, KeyStore, Tenant
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -176,26 +177,37 @@ async def _handle(gateway: Gateway, serving: Serving, request: Request, url: str
     log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
               len(inp.prompt_token_ids), inp.n, tenant.name, priority)
     if oai.stream:
-        # placement errors become HTTP statuses before the stream opens
-        first = await serving.start(api)
+        # Placement errors become HTTP statuses before the stream opens; a client that leaves
+        # before the first token (a long prefill, a queue) takes the request with it.
+        first = await _unless_disconnected(request, api, serving.start(api))
+        if first is None:
+            return Response(status_code=CLIENT_CLOSED)
         return StreamedResponse(serving, api, first)
     body = await _collect(serving, api, request)
     # 499 (nginx's "client closed request"): nobody reads it, but the requests counter shows it
     return JSONResponse(body) if body is not None else Response(status_code=CLIENT_CLOSED)
 
 
-async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[str, Any] | None:
-    """Runs a non-streamed request; abandons it and returns None if the client goes away first."""
-    work = asyncio.ensure_future(serving.collect(api))
-    while not work.done():
-        await asyncio.wait({work}, timeout=0.25)
-        if not work.done() and await request.is_disconnected():
-            work.cancel()
+async def _unless_disconnected(request: Request, api: ApiRequest,
+                               work: Awaitable[T]) -> T | None:
+    """Awaits work; cancels it and returns None if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.25)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await work
+                await task
             log.info("request %s: client disconnected; aborted", api.response_id)
             return None
-    states: list[ChoiceState] = work.result()
+    return task.result()
+
+
+async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[str, Any] | None:
+    """Runs a non-streamed request; abandons it and returns None if the client goes away first."""
+    states = await _unless_disconnected(request, api, serving.collect(api))
+    if states is None:
+        return None
     gateway = serving.gateway
     return build_response(api.oai, states, gateway.tokenizer, gateway.model_name, api.response_id,
                           gateway.tool_parser)

@@ -112,6 +112,14 @@ class GatewayConfig(BatonSettings):
         description="How often a request may move to another decode worker after one "
                     "dies mid-stream"
     )
+    prefill_timeout_s: float = Field(
+        10.0, gt=0,
+        description="How long a prefill worker may take to answer a request without a TTFT SLO; "
+                    "past it the prompt is computed on the decode worker instead")
+    prefill_timeout_slo_factor: float = Field(
+        3.0, gt=0,
+        description="For a request with a TTFT SLO, the prefill worker's deadline is this many "
+                    "times the SLO")
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = Field(
         "auto",
         description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.services.common.handoff_client import first_token_at_prefill, stream_tokens
-from baton.services.common.worker_stubs import WorkerStubs
+from baton.services.common.handoff_client import (PrefillFailed, first_token_at_prefill,
+                                                   stream_tokens)
+from baton.services.common.worker_stubs import RECONNECT_OPTIONS, WorkerStubs
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,6 @@ log = logging.getLogger(__name__)
 WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-ROUTER_MAX_BACKOFF_MS = 5000
 
 
 class Refused(Exception):
@@ -33,6 +33,17 @@ class Refused(Exception):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
         self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class PrefillDeadline:
+    """How long a prefill worker may take to answer before the prompt is computed on the decode
+    worker instead: a multiple of the request's TTFT SLO, or a fixed time without one."""
+    slo_factor: float
+    default_s: float
+
+    def for_slo(self, ttft_slo_ms: float | None) -> float:
+        return self.default_s if ttft_slo_ms is None else self.slo_factor * ttft_slo_ms / 1000
 
 
 @dataclass
@@ -80,13 +91,14 @@ def _refusal(error: grpc.aio.AioRpcError, request_id: str, peer: str) -> Refused
 
 
 class Orchestrator:
-    def __init__(self, router_address: str, max_migrations: int) -> None:
-        # gRPC's reconnect backoff grows to 120 s by default: after a long router outage the
-        # gateway would stay unready (and refuse requests) for up to two minutes after its return.
-        self.channel = grpc.aio.insecure_channel(
-            router_address, options=[("grpc.max_reconnect_backoff_ms", ROUTER_MAX_BACKOFF_MS)])
+    def __init__(self, router_address: str, max_migrations: int,
+                 prefill_deadline: PrefillDeadline) -> None:
+        # a short reconnect back-off: after a router outage the gateway is ready again (and serves)
+        # within seconds of its return
+        self.channel = grpc.aio.insecure_channel(router_address, options=RECONNECT_OPTIONS)
         self.router = router_pb2_grpc.RouterStub(self.channel)
         self.max_migrations = max_migrations
+        self.prefill_deadline = prefill_deadline
         self.workers = WorkerStubs()
 
     async def place(self, choice: ChoiceRequest, tokens: list[int],
@@ -115,15 +127,24 @@ class Orchestrator:
         placement = await self.place(choice, [])
         placed_at = time.monotonic()
         failed_worker = ""
+        local = False  # set when the placed prefill worker failed: the decode worker computes
         try:
             while True:
                 try:
-                    async for message in self._attempt(choice, placement, progress.tokens):
+                    async for message in self._attempt(choice, placement, progress.tokens, local):
                         if message.token_ids and progress.first_token_at is None:
                             progress.first_token_at = time.monotonic()
                         progress.tokens += message.token_ids
                         yield message
                     return
+                except PrefillFailed as e:
+                    if e.code() not in WORKER_LOST:
+                        raise _refusal(e, choice.request_id, "prefill worker") from None
+                    log.warning("request %s: prefill worker %s failed (%s: %s); prefilling on "
+                                "decode worker %s instead", choice.request_id,
+                                placement.prefill_worker_id, e.code().name, e.details(),
+                                placement.decode_worker_id)
+                    failed_worker, local = placement.prefill_worker_id, True
                 except grpc.aio.AioRpcError as e:
                     if e.code() not in WORKER_LOST or progress.migrations >= self.max_migrations:
                         if e.code() not in WORKER_LOST:
@@ -140,13 +161,13 @@ class Orchestrator:
                     progress.failed_workers.append(failed_worker)
                     placement = await self.place(choice, progress.tokens, progress.failed_workers)
                     placed_at = time.monotonic()
-                    failed_worker = ""
+                    failed_worker, local = "", False
         finally:
             if placement is not None:
                 await asyncio.shield(self._release(placement, progress, failed_worker, placed_at))
 
-    def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement,
-                 tokens: list[int]) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement, tokens: list[int],
+                 local: bool) -> AsyncIterator[worker_pb2.GenerateResponse]:
         meta = worker_pb2.RequestMeta(request_id=choice.request_id, priority=choice.priority,
                                       cache_salt=choice.cache_salt)
         decode = self.workers.get(placement.decode_address)
@@ -157,9 +178,10 @@ class Orchestrator:
             request.params.ClearField("prompt_logprobs")  # the first message already carried them
             return decode.Generate(request, metadata=choice.metadata)
         remote = (placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and
-                  placement.prefill_address)
+                  placement.prefill_address and not local)
         prefill = self.workers.get(placement.prefill_address) if remote else None
-        return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata)
+        return stream_tokens(decode, prefill, meta, choice.prompt, choice.params, choice.metadata,
+                             self.prefill_deadline.for_slo(choice.ttft_slo_ms))
 
     async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str,
                        placed_at: float) -> None:

@@ -22,7 +22,7 @@ from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.http_timeouts import Deadlines, timed_protocol
 from baton.services.gateway.key_reload import KeyReloader
 from baton.services.gateway.metrics import GatewayMetrics
-from baton.services.gateway.orchestrator import Orchestrator
+from baton.services.gateway.orchestrator import Orchestrator, PrefillDeadline
 from baton.services.gateway.rate_limits import RateLimiter
 from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.tenants import KeyStore
@@ -45,7 +45,9 @@ def build_gateway(config: GatewayConfig) -> Gateway:
     metrics = GatewayMetrics(registry, config.tenant_metrics_label)
     model_config = load_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    orchestrator = Orchestrator(config.router, config.max_migrations)
+    orchestrator = Orchestrator(
+        config.router, config.max_migrations,
+        PrefillDeadline(config.prefill_timeout_slo_factor, config.prefill_timeout_s))
     return Gateway(
         config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
         max_model_len=context_length(model_config,

@@ -244,6 +244,17 @@ class PrefixIndex:
 
     # -- membership and query ----------------------------------------------------------------------
 
+    def forget(self, worker_id: str) -> None:
+        """Drops what the index holds of the worker's cache, exact and approximate, the worker
+        staying a member in its mode: after a crash the blocks are gone, and a restarted worker
+        starts cold until its snapshot says otherwise."""
+        bit = self._slots.bit(worker_id)
+        state = self._exact.get(worker_id)
+        if state is not None:
+            self._drop_exact_entries(worker_id, state)
+        _clear_bit(self._approx_holders, self._approx.pop(worker_id, ()), bit)
+        self._journals.pop(worker_id, None)
+
     def remove_worker(self, worker_id: str) -> None:
         bit = self._slots.bit(worker_id)
         state = self._exact.pop(worker_id, None)

@@ -280,6 +280,13 @@ class Router:
         with self._lock:
             self.index.set_events_available(worker_id, available)
 
+    def forget_cached_blocks(self, worker_id: str) -> None:
+        """The worker's event stream broke with the worker unreachable (it died, or is
+        restarting): the index stops claiming any of its blocks until a snapshot resyncs it."""
+        with self._lock:
+            if worker_id in self._workers:
+                self.index.forget(worker_id)
+
     def report_failure(self, worker_id: str) -> None:
         """A failure seen outside a lease (a refused connection, a broken stream) counts toward the
         breaker."""

@@ -9,22 +9,20 @@ when it leaves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 
 import grpc
 
 from baton.services.common.roles import Role
+from baton.services.common.worker_stubs import (RECONNECT_MAX_S, RECONNECT_MIN_S,
+                                                RECONNECT_OPTIONS)
 from baton.services.router.router import Router
 from baton.v1 import worker_pb2 as wpb
 from baton.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
-RECONNECT_MIN_S, RECONNECT_MAX_S = 0.1, 5.0
-# gRPC's own reconnect backoff grows to 120 s: a worker that started late (slow image pull, loaded
-# node) would stay unseen that long after it listens, while every poll fails fast meanwhile.
-CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", int(RECONNECT_MIN_S * 1000)),
-                   ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX_S * 1000))]
 
 
 class WorkerFeed:
@@ -39,10 +37,11 @@ class WorkerFeed:
         self._identified = asyncio.Event()
         if worker_id is not None:
             self._identified.set()
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._failing = False
         self._events_lost = False
+        self._answering = asyncio.Event()  # set when stats answer again after failing
         self._tasks = [
             asyncio.ensure_future(self._poll_stats()),
             asyncio.ensure_future(self._follow_events())
@@ -82,6 +81,7 @@ class WorkerFeed:
             log.info("worker %s at %s answers again", self.worker_id or stats.worker_id,
                      self.address)
             self._failing = False
+            self._answering.set()
         if self.discovered and not self._register(stats):
             return
         # A registration names the worker; its stats must land under that name whatever the worker
@@ -120,9 +120,12 @@ class WorkerFeed:
                 await self._sync_and_stream()
                 backoff = RECONNECT_MIN_S  # a resync request, not a failure: go again at once
             except grpc.aio.AioRpcError as e:
+                self._answering.clear()
                 # Without events the index falls back to this router's own placements for the
-                # worker.
+                # worker; an unreachable worker's cache is forgotten (it may have died with it).
                 self.router.set_events_available(self.worker_id, False)
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    self.router.forget_cached_blocks(self.worker_id)
                 if not self._events_lost:
                     log.warning(
                         "worker %s: KV event stream lost (%s); prefix index approximate "
@@ -130,8 +133,14 @@ class WorkerFeed:
                         self.worker_id,
                         e.code().name)
                     self._events_lost = True
-                await asyncio.sleep(backoff)
+                await self._retry_after(backoff)
                 backoff = min(RECONNECT_MAX_S, backoff * 2)
+
+    async def _retry_after(self, backoff_s: float) -> None:
+        """Waits out the back-off, or less: a worker that answers its stats poll again (restarted on
+        its address, say) is resynced at once."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._answering.wait(), backoff_s)
 
     async def _sync_and_stream(self) -> None:
         """A snapshot first, then events after it; returns when the index asks for a resync."""

@@ -104,8 +104,15 @@ class DecodeSide:
     async def _receive(self, request: EngineRequest,
                        handoff: KVHandoff) -> tuple[str, RequestOutput | None]:
         request_id, handle = request.request_id, handoff.handle
-        await self.leases.confirm(handle)
-        reservation = await self._reserve(request)
+        try:
+            await self.leases.confirm(handle)
+            reservation = await self._reserve(request)
+        except asyncio.CancelledError:
+            # The caller left before any read began: the prefill worker may free the blocks now
+            # rather than when the lease runs out.
+            log.info("request %s: the caller left before the KV pull; lease released", request_id)
+            asyncio.ensure_future(self.leases.release(handle))
+            raise
         try:
             if reservation is None:
                 raise KVTransferError(
@@ -123,12 +130,9 @@ class DecodeSide:
         return "transfer", first
 
     async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
-        """Frees blocks reserved for a failed pull. A timed-out NIXL READ may still land later (the
-        transfer is one-sided and a stalled peer can resume), so those blocks stay out of use until
-        the peer's lease is surely over, rather than be handed to another request and
-        overwritten."""
-        if error.reason == "timeout" and self.transport.name == "nixl":
-            delay = self.config.lease_seconds + self.config.transfer_timeout_seconds
+        """Frees blocks reserved for a failed pull, or parks them while a late write may land."""
+        delay = self._quarantine_s(error)
+        if delay:
             log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read",
                         request_id, delay)
             ticket = await self.loop.call(lambda e: e.park_reserved(request_id))
@@ -136,6 +140,16 @@ class DecodeSide:
                 delay, lambda: self.loop.submit(lambda e: e.release_parked(ticket)))
             return
         await self.loop.call(lambda e: e.release_kv(request_id))
+
+    def _quarantine_s(self, error: BaseException | None) -> float:
+        """How long a failed read's blocks stay out of use. A timed-out NIXL READ may still land
+        later (the transfer is one-sided and a stalled peer can resume), so those blocks wait until
+        the peer's lease is surely over, rather than be handed to another request and
+        overwritten."""
+        if (isinstance(error, KVTransferError) and error.reason == "timeout"
+                and self.transport.name == "nixl"):
+            return self.config.lease_seconds + self.config.transfer_timeout_seconds
+        return 0.0
 
     async def _reserve(self, request: EngineRequest) -> tuple[list[int], int] | None:
         deadline = time.monotonic() + self.config.transfer_timeout_seconds
@@ -159,8 +173,35 @@ class DecodeSide:
         if not remote:
             await self.leases.release(handle)
             return
-        await asyncio.to_thread(self.transport.read, peer_of(handle), remote, local,
-                                request_id.encode(), self.config.transfer_timeout_seconds)
+        read = asyncio.ensure_future(
+            asyncio.to_thread(self.transport.read, peer_of(handle), remote, local,
+                              request_id.encode(), self.config.transfer_timeout_seconds))
+        try:
+            await asyncio.shield(read)
+        except asyncio.CancelledError:
+            self._free_after(request_id, handle, read)
+            raise
+
+    def _free_after(self, request_id: str, handle: KVHandle, read: asyncio.Future) -> None:
+        """The caller left mid-read. The transport's thread still writes into the reserved blocks,
+        so they are parked now (ahead of the caller's abort, which would free them for reuse) and go
+        back once the read has ended. A read that succeeded notified the prefill worker; one that
+        failed leaves its lease to release from here."""
+        log.info("request %s: the caller left during the KV pull; blocks freed when it ends",
+                 request_id)
+        tickets: list[int] = []
+        self.loop.submit(lambda e: tickets.append(e.park_reserved(request_id)))
+
+        def ended(_: asyncio.Future) -> None:
+            error = asyncio.CancelledError() if read.cancelled() else read.exception()
+            # commands run in order: the park above has run before this release
+            asyncio.get_running_loop().call_later(
+                self._quarantine_s(error),
+                lambda: self.loop.submit(lambda e: e.release_parked(tickets[0])))
+            if error is not None:
+                asyncio.ensure_future(self.leases.release(handle))
+
+        read.add_done_callback(ended)
 
     async def _fall_back(self, request: EngineRequest, handoff: KVHandoff,
                          error: KVTransferError) -> tuple[str, RequestOutput | None]:

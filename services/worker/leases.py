@@ -2,6 +2,10 @@
 heartbeats, ended by its release notice or by expiry (so a dead decode worker never pins blocks for
 long).
 
+A lease that the decode side has confirmed (extended before its read) is that side's to end: it may
+be reading the blocks, and a one-sided read cannot tell them from reused ones, so a caller that
+abandons the request (Abort) leaves such a lease alone.
+
 A lease is the hand-off's clock only: the engine owns the blocks (HELD in
 services/engine/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells
 the worker to release them there."""
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 class Lease:
     request_id: str
     expires_at: float  # time.time() seconds
+    confirmed: bool = False  # a decode worker extended it: a read may be under way
 
 
 class LeaseTable:
@@ -38,7 +43,12 @@ class LeaseTable:
         lease = self.get(request_id)
         if lease is not None:
             lease.expires_at = time.time() + self.lease_seconds
+            lease.confirmed = True
         return lease
+
+    def confirmed(self, request_id: str) -> bool:
+        lease = self.get(request_id)
+        return lease is not None and lease.confirmed
 
     def end(self, request_id: str) -> bool:
         return self._leases.pop(request_id, None) is not None

@@ -44,19 +44,22 @@ class PrefillSide:
         self.leases = LeaseTable(config.lease_seconds)
 
     async def prefill(self, request: EngineRequest) -> Prefilled:
-        """Raises ValueError for requests the engine refuses."""
+        """Raises ValueError for requests the engine refuses. A caller that goes away (the call is
+        cancelled) takes the request with it at once, wherever it is: still computing, or finished
+        and holding its blocks before a lease was granted (no one could ever release those)."""
         request_id = request.request_id
         one = replace(request, params=replace(request.params, max_tokens=1))
         stream = self.loop.open_stream(request_id)
         try:
             await self.loop.call(lambda e: e.submit(one, hold_kv=True))
             out = await stream.get()
+            return await self._respond(request, out)
         except asyncio.CancelledError:
+            log.info("request %s: the caller left during prefill; aborted", request_id)
             self.loop.submit(lambda e: e.abort(request_id))
             raise
         finally:
             self.loop.close_stream(request_id)
-        return await self._respond(request, out)
 
     async def _respond(self, request: EngineRequest, out: RequestOutput) -> Prefilled:
         request_id = request.request_id

@@ -143,6 +143,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         rid = request.request_id
+        if self.prefill_side.leases.confirmed(rid):
+            # A decode worker took the hand-off and may be reading the blocks: it releases them.
+            return pb.AbortResponse(found=True)
         leased = await self.prefill_side.release(rid)
         return pb.AbortResponse(found=await self.loop.call(lambda e: e.abort(rid)) or leased)
 

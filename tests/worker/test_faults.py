@@ -4,6 +4,7 @@ comes back."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import grpc
@@ -104,6 +105,66 @@ def test_abort_mid_stream_frees_blocks_on_both_workers(model):
         wait_for(lambda: all_blocks_free(decode) and all_blocks_free(prefill))
         assert decode.metric("baton_num_requests_running") == 0
     finally:
+        prefill.service.terminate()
+        decode.service.terminate()
+
+
+def test_abort_frees_an_unconfirmed_lease_and_leaves_a_confirmed_one(model):
+    """The gateway aborts a prefill it gave up on: blocks no decode worker has taken over go back
+    at once, while a lease a decode worker confirmed (it may be reading) stays until it releases."""
+    [prefill] = start_workers(model, ["prefill"])
+    try:
+        async def scenario() -> tuple[bool, bool]:
+            stub = prefill.stub()
+            await prefill_only(prefill, "given-up", list(range(5, 60)), 8)
+            given_up = await stub.Abort(pb.AbortRequest(request_id="given-up"))
+            assert all_blocks_free(prefill) and prefill.metric("baton_kv_leases") == 0
+            await prefill_only(prefill, "taken", list(range(7, 60)), 8)
+            await stub.UpdateLease(pb.UpdateLeaseRequest(request_id="taken"))  # a decode confirms
+            taken = await stub.Abort(pb.AbortRequest(request_id="taken"))
+            assert not all_blocks_free(prefill) and prefill.metric("baton_kv_leases") == 1
+            released = await stub.UpdateLease(pb.UpdateLeaseRequest(request_id="taken",
+                                                                    release=True))
+            return given_up.found and taken.found, released.found
+
+        assert asyncio.run(scenario()) == (True, True)
+        assert all_blocks_free(prefill) and prefill.metric("baton_kv_leases") == 0
+    finally:
+        prefill.service.terminate()
+
+
+def test_caller_leaving_mid_pull_keeps_the_blocks_until_the_read_ends(model):
+    """A Generate cancelled while its KV read is in flight: the read's thread still writes into the
+    reserved blocks, so they must not go back (to be handed to another request) before it ends."""
+    prefill, decode = start_workers(model, ["prefill", "decode"], "grpc",
+                                    "--transfer-timeout-seconds", "5")
+    try:
+        async def leave_mid_pull() -> float:
+            prompt = list(range(20, 90))
+            done = await prefill_only(prefill, "mid-pull", prompt, 8)
+            prefill.service.process.send_signal(signal.SIGSTOP)  # its PullKV answers nothing now
+            call = decode.stub().Generate(
+                pb.GenerateRequest(meta=pb.RequestMeta(request_id="mid-pull"),
+                                   prompt_token_ids=prompt, params=greedy_params(8),
+                                   kv_handle=done.kv_handle, first_token_id=done.first_token_id))
+            read = asyncio.ensure_future(call.read())
+            # the lease confirmation times out (5 s), then the blocks are reserved and read
+            while all_blocks_free(decode):
+                await asyncio.sleep(0.05)
+            call.cancel()
+            left = time.monotonic()
+            await asyncio.gather(read, return_exceptions=True)
+            await asyncio.sleep(0.5)
+            assert not all_blocks_free(decode), "blocks freed while their read was in flight"
+            return left
+
+        left = asyncio.run(leave_mid_pull())
+        prefill.service.process.send_signal(signal.SIGCONT)
+        wait_for(lambda: all_blocks_free(decode) and all_blocks_free(prefill))
+        assert time.monotonic() - left < 15
+        assert decode.metric("baton_num_requests_running") == 0
+    finally:
+        prefill.service.process.send_signal(signal.SIGCONT)
         prefill.service.terminate()
         decode.service.terminate()
 

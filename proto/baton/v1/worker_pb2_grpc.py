@@ -96,6 +96,7 @@ class WorkerServicer:
 
     def Abort(self, request, context):
         """Stops a request wherever it is and frees its blocks (and any lease it holds). Unknown ids are not an error.
+        A lease a decode worker has confirmed is left to it (it may be reading the blocks) or to expiry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
