@@ -13,10 +13,10 @@ from baton.services.common.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.common.model_config import context_length, load_config
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.engine.block_manager import BlockEvent, BlockManager
+from baton.services.engine.kv.block_manager import BlockEvent, BlockManager
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.detokenizer import IncrementalDetokenizer
-from baton.services.engine.handoff import EngineRequest, HandoffTable, HeldKV
+from baton.services.engine.kv.handoff import EngineRequest, HandoffTable, HeldKV
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.runner import Runner, SimRunnerFactory
 from baton.services.engine.sampler import sample, skip_draws
@@ -155,7 +155,7 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.seqs: dict[str, Sequence] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        # Both ends of a KV hand-off: sequences with blocks taken outside the batch (handoff.py).
+        # Both ends of a KV hand-off: sequences with blocks taken outside the batch (kv/handoff.py).
         self.handoffs = HandoffTable()
         # Built on the first structured request: wrapping a large vocabulary for the grammar engine
         # takes ~1 s.

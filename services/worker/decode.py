@@ -3,7 +3,7 @@ when handed one.
 
 A failed or slow pull never loses the request: by policy it is recomputed here (the default) or
 failed. The hand-off's states on this side (RESERVED, PULLING, COMMITTED, PARKED) are drawn in
-services/engine/handoff.py.
+services/engine/kv/handoff.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.handoff import EngineRequest
+from baton.services.engine.kv.handoff import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVPeer, KVTransferError, KVTransport

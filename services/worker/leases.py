@@ -3,7 +3,7 @@ heartbeats, ended by its release notice or by expiry (so a dead decode worker ne
 long).
 
 A lease is the hand-off's clock only: the engine owns the blocks (HELD in
-services/engine/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells
+services/engine/kv/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells
 the worker to release them there."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The prefill side of the hand-off: run the prompt, sample the first token, hold the blocks under a
 lease, and free them on the decode worker's notice or at expiry (the states:
-services/engine/handoff.py)."""
+services/engine/kv/handoff.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from baton.services.common.outputs import RequestOutput
-from baton.services.engine.handoff import EngineRequest, HeldKV
+from baton.services.engine.kv.handoff import EngineRequest, HeldKV
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVTransport
