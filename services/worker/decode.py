@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.kv.handoff import EngineRequest
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVPeer, KVTransferError, KVTransport

@@ -8,7 +8,8 @@ import logging
 from dataclasses import dataclass, replace
 
 from baton.services.common.outputs import RequestOutput
-from baton.services.engine.kv.handoff import EngineRequest, HeldKV
+from baton.services.engine.kv.handoff import HeldKV
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVTransport

@@ -17,8 +17,8 @@ from baton.services.common.convert import (logprob_from_proto, output_to_proto, 
                                            prefill_to_proto)
 from baton.services.common.limits import MAX_PROMPT_TOKENS
 from baton.services.common.roles import Role
-from baton.services.engine.kv.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
