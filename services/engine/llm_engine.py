@@ -25,8 +25,9 @@ from baton.services.engine.stats import EngineCounters, EngineStats
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The engine as a serving process sees it (the worker, through its engine thread): nothing else
-# of it is touched there (tests/worker/test_engine_boundary.py checks).
+# The engine as a serving process sees it (the worker, whose engine loop sends these to the engine
+# thread as named, typed commands): nothing else of it is touched there
+# (tests/worker/test_engine_boundary.py checks).
 SERVING_API = frozenset({
     "submit", "step", "has_unfinished_requests", "abort",  # requests in, outputs out
     # hand-off, decode side

@@ -73,7 +73,7 @@ class DecodeSide:
         try:
             kv_source, first = "local", None
             if handoff is None:
-                await self.loop.call(lambda e: e.submit(request, output_token_ids=generated))
+                await self.loop.submit(request, output_token_ids=generated)
             else:
                 kv_source, first = await self._receive(request, handoff)
             # A first token the caller streamed already is timed here but not sent again.
@@ -99,7 +99,7 @@ class DecodeSide:
             self.loop.close_stream(request_id)
             # the caller went away, or we failed: stop the work and free the blocks
             if not finished:
-                self.loop.submit(lambda e: e.abort(request_id))
+                self.loop.abort_nowait(request_id)
 
     async def _receive(self, request: EngineRequest,
                        handoff: KVHandoff) -> tuple[str, RequestOutput | None]:
@@ -118,8 +118,8 @@ class DecodeSide:
         except KVTransferError as e:
             await self._drop_reservation(request_id, e)
             return await self._fall_back(request, handoff, e)
-        first = await self.loop.call(lambda e: e.commit_prefilled(
-            request_id, handoff.first_token_id, handoff.first_logprob))
+        first = await self.loop.commit_prefilled(request_id, handoff.first_token_id,
+                                                 handoff.first_logprob)
         return "transfer", first
 
     async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
@@ -131,16 +131,15 @@ class DecodeSide:
             delay = self.config.lease_seconds + self.config.transfer_timeout_seconds
             log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read",
                         request_id, delay)
-            ticket = await self.loop.call(lambda e: e.park_reserved(request_id))
-            asyncio.get_running_loop().call_later(
-                delay, lambda: self.loop.submit(lambda e: e.release_parked(ticket)))
+            ticket = await self.loop.park_reserved(request_id)
+            asyncio.get_running_loop().call_later(delay, self.loop.release_parked_nowait, ticket)
             return
-        await self.loop.call(lambda e: e.release_kv(request_id))
+        await self.loop.release_kv(request_id)
 
     async def _reserve(self, request: EngineRequest) -> tuple[list[int], int] | None:
         deadline = time.monotonic() + self.config.transfer_timeout_seconds
         while True:
-            reservation = await self.loop.call(lambda e: e.reserve_prefilled(request))
+            reservation = await self.loop.reserve_prefilled(request)
             if reservation is not None or time.monotonic() > deadline:
                 return reservation
             await asyncio.sleep(RESERVE_RETRY_SECONDS)
@@ -174,7 +173,7 @@ class DecodeSide:
             raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
         # A first token the client has seen is kept (recomputed as context, not drawn again).
         streamed = [handoff.first_token_id] if handoff.first_token_streamed else None
-        await self.loop.call(lambda e: e.submit(request, output_token_ids=streamed))
+        await self.loop.submit(request, output_token_ids=streamed)
         return "recompute", None
 
 

@@ -50,10 +50,10 @@ class PrefillSide:
         one = replace(request, params=replace(request.params, max_tokens=1))
         stream = self.loop.open_stream(request_id)
         try:
-            await self.loop.call(lambda e: e.submit(one, hold_kv=True))
+            await self.loop.submit(one, hold_kv=True)
             out = await stream.get()
         except asyncio.CancelledError:
-            self.loop.submit(lambda e: e.abort(request_id))
+            self.loop.abort_nowait(request_id)
             raise
         finally:
             self.loop.close_stream(request_id)
@@ -64,9 +64,9 @@ class PrefillSide:
         # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the
         # caller's own max_tokens=1 is, and then nothing is handed off.
         if out.finish_reason != "length" or request.params.max_tokens == 1:
-            await self.loop.call(lambda e: e.release_kv(request_id))
+            await self.loop.release_kv(request_id)
             return Prefilled(out, None)
-        held: HeldKV = await self.loop.call(lambda e: e.held_kv(request_id))
+        held = await self.loop.held_kv(request_id)
         lease = self.leases.grant(request_id)
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
         return Prefilled(out, self._handle(request_id, held, len(out.prompt_token_ids),
@@ -88,7 +88,7 @@ class PrefillSide:
                              "(released, expired or never granted)")
         if self.leases.get(request_id) is None:
             raise gone
-        held = await self.loop.call(lambda e: e.held_kv(request_id))
+        held = await self.loop.held_kv(request_id)
         if held is None:
             raise gone
         stray = set(block_ids) - set(held.block_ids)
@@ -104,7 +104,7 @@ class PrefillSide:
         return True
 
     async def _free(self, request_id: str, expired: bool = False) -> None:
-        await self.loop.call(lambda e: e.release_kv(request_id))
+        await self.loop.release_kv(request_id)
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
         if expired:
             self.metrics.lease_expiries.labels(self.metrics.model_name).inc()

@@ -144,7 +144,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         rid = request.request_id
         leased = await self.prefill_side.release(rid)
-        return pb.AbortResponse(found=await self.loop.call(lambda e: e.abort(rid)) or leased)
+        return pb.AbortResponse(found=await self.loop.abort(rid) or leased)
 
     async def UpdateLease(self, request: pb.UpdateLeaseRequest,
                           context: grpc.aio.ServicerContext) -> pb.UpdateLeaseResponse:
@@ -213,10 +213,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def GetKVSnapshot(self, request: pb.GetKVSnapshotRequest,
                             context: grpc.aio.ServicerContext) -> pb.KVSnapshot:
-        def snapshot(e: LLMEngine) -> tuple[int, list[int]]:
-            self.events.drain(e)  # so that the sequence number covers every hash in the snapshot
-            return self.events.last_sequence, e.cached_block_hashes()
-
-        sequence, hashes = await self.loop.call(snapshot)
+        sequence, hashes = await self.loop.kv_snapshot(self.events)
         return pb.KVSnapshot(worker_id=self.worker_id, sequence=sequence, block_hashes=hashes,
                              block_size=self.engine.block_size)
