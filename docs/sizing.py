@@ -74,8 +74,9 @@ def kv_bytes_per_token_per_rank(s: Shape, tp: int) -> int:
 
 
 def activation_reserve(s: Shape, tp: int) -> int:
-    """The engine's bound on one step's transient memory (services/engine/kv_cache.py), on a rank:
-    its shard of the MLP's activations, full-width hidden states and full-vocabulary logits."""
+    """The engine's bound on one step's transient memory (services/engine/kv/kv_cache.py), on a
+    rank: its shard of the MLP's activations, full-width hidden states and full-vocabulary
+    logits."""
     per_token = (3 * s.intermediate // tp + 6 * s.hidden) * s.dtype_bytes
     logits = MAX_SEQS * s.vocab * 4 * 4
     return BATCHED_TOKENS * per_token + logits + min(GRAPH_BATCH, MAX_SEQS) * per_token

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from baton.services.engine.kv_cache import block_bytes
+from baton.services.engine.kv.kv_cache import block_bytes
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SIZING: dict[str, Any] = runpy.run_path(str(DOCS / "sizing.py"))

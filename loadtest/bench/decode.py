@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.requests import EngineRequest
 
 # Spec-sheet HBM bandwidth in GB/s, by a substring of torch.cuda.get_device_name(); first match
 # wins.

@@ -20,9 +20,9 @@ from typing import Any, Iterator
 import grpc
 import torch
 
+from baton.services.engine.kv.layout import byte_view
 from baton.services.worker.kv_transfer.base import KVPeer, KVTransferError
-from baton.services.worker.kv_transfer.grpc_transport import (CHANNEL_OPTIONS, GrpcKVTransport,
-                                                              byte_view)
+from baton.services.worker.kv_transfer.grpc_transport import CHANNEL_OPTIONS, GrpcKVTransport
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from baton.services.common.sampling_params import StructuredOutput
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.common.structured_spec import check_structured
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.kv_cache import KVCacheTooLarge
+from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
 
 # The default workload is the headline benchmark: inputs uniform in [32, 256], outputs in [16, 256].

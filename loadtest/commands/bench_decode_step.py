@@ -14,7 +14,7 @@ from baton.loadtest.bench.decode import (default_bandwidth_gbps, format_rows, kv
 from baton.loadtest.bench.throughput import machine_info
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.kv_cache import KVCacheTooLarge
+from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
 
 NAME = "baton bench decode-step"

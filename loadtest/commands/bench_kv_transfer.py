@@ -23,8 +23,8 @@ import torch
 from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 from baton.loadtest.bench.throughput import machine_info
 from baton.services.common.process import free_port
+from baton.services.engine.kv.layout import byte_view
 from baton.services.worker.kv_transfer import KVTransport, make_transport
-from baton.services.worker.kv_transfer.grpc_transport import byte_view
 
 DEFAULT_SIZES = (1, 4, 16, 64, 256, 1024)
 TRANSPORTS = ("nixl", "grpc", "cuda_ipc")

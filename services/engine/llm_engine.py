@@ -2,34 +2,32 @@
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from baton.services.common.decode_cost import DecodeCostFit, DecodeCostModel
 from baton.services.common.model_config import context_length, load_config
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.engine.block_manager import BlockEvent, BlockManager
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.detokenizer import IncrementalDetokenizer
-from baton.services.engine.handoff import EngineRequest, HandoffTable, HeldKV
+from baton.services.engine.kv.block_manager import BlockEvent, BlockManager
+from baton.services.engine.kv.handoff import HandoffTable, HeldKV
 from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.output_processor import OutputProcessor
+from baton.services.engine.requests import EngineRequest, RequestIntake
 from baton.services.engine.runner import Runner, SimRunnerFactory
 from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
-from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer
-from baton.services.engine.structured.masks import MaskBuilder
-from baton.services.engine.structured.matcher import GrammarState
+from baton.services.engine.stats import EngineCounters, EngineStats
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The engine as a serving process sees it (the worker, through its engine thread): nothing else
-# of it is touched there (tests/worker/test_engine_boundary.py checks).
+# The engine as a serving process sees it (the worker, whose engine loop sends these to the engine
+# thread as named, typed commands): nothing else of it is touched there
+# (tests/worker/test_engine_boundary.py checks).
 SERVING_API = frozenset({
     "submit", "step", "has_unfinished_requests", "abort",  # requests in, outputs out
     # hand-off, decode side
@@ -39,42 +37,6 @@ SERVING_API = frozenset({
     # the prefix cache, mirrored by the router
     "record_block_events", "drain_block_events", "cached_block_hashes",
 })
-
-
-@dataclass
-class EngineCounters:
-    # prefill tokens actually run through the model (cache hits excluded)
-    prompt_tokens_computed: int = 0
-    generation_tokens: int = 0
-    steps: int = 0
-    requests_finished: int = 0
-    recent_step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=32))
-    # (prompt tokens, seconds) of recent steps that computed prompt tokens, decode rows in them
-    # included.
-    recent_prefill_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=32))
-    decode_cost: DecodeCostModel = field(default_factory=DecodeCostModel)
-
-    def prefill_tokens_per_s(self) -> float | None:
-        """How fast this engine has been getting through prompt tokens lately, under its real mix of
-        work: what the router divides a queue of prompt tokens by to predict a wait. None before any
-        prefill."""
-        seconds = sum(s for _, s in self.recent_prefill_steps)
-        return sum(t for t, _ in self.recent_prefill_steps) / seconds if seconds > 0 else None
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of the engine's load, what a worker reports to the router."""
-    num_running: int
-    num_waiting: int
-    kv_blocks_free: int
-    kv_blocks_total: int
-    prefill_tokens_queued: int
-    decode_rows: int  # running requests past their prompt: the batch a new one would join
-    decode_context_tokens: int
-    decode_fit: DecodeCostFit | None
-    recent_step_seconds: list[float]
-    prefill_tokens_per_s: float | None
 
 
 def _resolve(config: EngineConfig,
@@ -105,16 +67,6 @@ def _prompt_tokens_in(item: ScheduledSeq) -> int:
     it)."""
     start = item.seq.num_computed_tokens - item.num_tokens
     return max(0, min(item.num_tokens, item.seq.num_prompt_tokens - start))
-
-
-def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprobs | None] | None:
-    """The prompt logprobs, once, when all are known (a hand-off's receiver never has them: its
-    caller got them from the prefill worker)."""
-    done = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == seq.num_prompt_tokens
-    if not done or seq.prompt_logprobs_sent:
-        return None
-    seq.prompt_logprobs_sent = True
-    return seq.prompt_logprobs
 
 
 class LLMEngine:
@@ -153,14 +105,21 @@ class LLMEngine:
                                    config.enable_chunked_prefill)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = EngineCounters()
-        self.seqs: dict[str, Sequence] = {}
-        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        # Both ends of a KV hand-off: sequences with blocks taken outside the batch (handoff.py).
+        # Both ends of a KV hand-off: sequences with blocks taken outside the batch (kv/handoff.py).
         self.handoffs = HandoffTable()
-        # Built on the first structured request: wrapping a large vocabulary for the grammar engine
-        # takes ~1 s.
-        self._grammars: GrammarCache | None = None
-        self._masks: MaskBuilder | None = None
+        self.intake = RequestIntake(config, self.model_config, self.tokenizer, self.eos_ids,
+                                    self.max_model_len, self.blocks, self.handoffs)
+        self.outputs = OutputProcessor(self.intake, self.scheduler, self.handoffs, self.counters,
+                                       self.eos_ids)
+
+    @property
+    def seqs(self) -> dict[str, Sequence]:
+        """The requests in flight here by id (queued, running, or reserved for a hand-off)."""
+        return self.intake.seqs
+
+    @property
+    def detokenizers(self) -> dict[str, IncrementalDetokenizer]:
+        return self.intake.detokenizers
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None,
@@ -178,60 +137,20 @@ class LLMEngine:
         after them.
         hold_kv: keep the blocks once finished, until release_kv (the prefill side of a
         hand-off)."""
-        seq = self._new_sequence(request, output_token_ids)
+        seq = self.intake.admit(request, output_token_ids)
         seq.hold_kv = hold_kv
         self.scheduler.add(seq)
-
-    def _new_sequence(self, request: EngineRequest,
-                      output_token_ids: list[int] | None = None) -> Sequence:
-        request_id, prompt, params = request.request_id, request.prompt_token_ids, request.params
-        if request_id in self.seqs or self.handoffs.held(request_id) is not None:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        params.validate(self.config.max_logprobs)
-        self._check_engine_params(params)
-        outputs = list(output_token_ids or ())
-        if len(outputs) >= params.max_tokens:
-            raise ValueError(f"the request already has {len(outputs)} output tokens of max_tokens "
-                             f"{params.max_tokens}")
-        self._check_prompt(prompt + outputs, params, len(outputs))
-        seq = Sequence(request_id, prompt, params, priority=request.priority,
-                       cache_salt=request.cache_salt, output_token_ids=outputs)
-        if params.structured_output is not None:
-            seq.grammar = self._grammar(params, outputs)
-        skip_draws(seq, self.model_config.vocab_size, len(outputs))
-        detok = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, seq.prompt_token_ids,
-                                       params)
-        # Replaying the tokens generated elsewhere leaves the detokenizer where the first worker's
-        # was: text a possible stop string held back is still to be released, and a stop string may
-        # complete across the seam.
-        for token in outputs:
-            detok.add(token)
-        detok.release(final=False)
-        self.seqs[request_id], self.detokenizers[request_id] = seq, detok
-        return seq
-
-    def _grammar(self, params: SamplingParams, outputs: list[int]) -> GrammarState:
-        """A matcher for the request's structured output, past the tokens it already generated
-        elsewhere."""
-        if self._grammars is None:
-            vocab = self.model_config.vocab_size
-            self._grammars = GrammarCache(make_tokenizer(self.tokenizer, vocab, self.eos_ids),
-                                          self.config.grammar_cache_size)
-            self._masks = MaskBuilder(vocab)
-        state = GrammarState(self._grammars.matcher(params.structured_output))
-        state.replay(outputs)
-        return state
 
     def reserve_prefilled(self, request: EngineRequest) -> tuple[list[int], int] | None:
         """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere. Returns
         (block ids, number of leading blocks already held by the local prefix cache, which need no
         transfer), or None when the cache or the batch has no room now. Raises ValueError like
         submit."""
-        seq = self._new_sequence(request)
+        seq = self.intake.admit(request)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
         if (len(self.scheduler.running) >= self.config.max_num_seqs
                 or not self.blocks.can_admit(hits, seq.num_tokens)):
-            self._forget(seq)
+            self.intake.forget(seq.request_id)
             return None
         self.blocks.admit(seq, hits)
         self.blocks.grow(seq, seq.num_tokens)
@@ -251,13 +170,13 @@ class LLMEngine:
         self.blocks.cache_full_blocks(seq, cached)
         skip_draws(seq, self.model_config.vocab_size, 1)
         self.scheduler.add_running(seq)
-        return self._append(seq, first_token, first_logprobs)
+        return self.outputs.append(seq, [first_token], [first_logprobs])
 
     def park_reserved(self, request_id: str) -> int:
         """Moves a reservation out of its request's way, its blocks still taken (a late write may
         still land in them); returns the ticket that release_parked frees them by."""
         ticket = self.handoffs.park(request_id)
-        del self.seqs[request_id], self.detokenizers[request_id]
+        self.intake.forget(request_id)
         return ticket
 
     def release_parked(self, ticket: int) -> bool:
@@ -286,38 +205,6 @@ class LLMEngine:
         hashes = seq.full_block_hashes(self.blocks.block_size, self.model_id)[:full]
         return HeldKV(list(seq.block_ids), hashes)
 
-    def _forget(self, seq: Sequence) -> None:
-        del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
-
-    def _check_engine_params(self, params: SamplingParams) -> None:
-        vocab = self.model_config.vocab_size
-        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
-            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-        if params.prompt_logprobs is not None and self.config.engine == "sim":
-            raise ValueError(
-                "prompt_logprobs needs the model engine; the simulated engine computes no logits")
-
-    def _check_prompt(self, prompt: list[int], params: SamplingParams,
-                      num_generated: int = 0) -> None:
-        if not prompt:
-            raise ValueError("prompt must contain at least one token")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        total = len(prompt) + params.max_tokens - num_generated
-        if total > self.max_model_len:
-            raise ValueError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the request "
-                f"asks for {total} ({len(prompt)} prompt + {params.max_tokens} to generate)")
-        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
-            raise ValueError(f"the request needs {total} tokens of KV cache; this worker holds "
-                             f"{self.blocks.num_blocks * self.blocks.block_size}")
-        if not self.config.enable_chunked_prefill and total > self.config.max_num_batched_tokens:
-            raise ValueError(
-                "with chunked prefill off, prompt plus output is limited to "
-                "max_num_batched_tokens "
-                f"({self.config.max_num_batched_tokens})")
-
     def abort(self, request_id: str) -> bool:
         """abort_request, saying whether the request was anywhere here."""
         found = request_id in self.seqs or self.handoffs.state(request_id) is not None
@@ -333,7 +220,7 @@ class LLMEngine:
         if seq is None:
             return None
         seq.finish_reason = "abort"
-        return self._finish(seq)
+        return self.outputs.finish(seq)
 
     def decode_load(self) -> tuple[int, int]:
         """(rows, context tokens) of the running requests past their prompt: the batch a new one
@@ -388,7 +275,8 @@ class LLMEngine:
         items, logits = self.runner.execute(scheduled)
         # execute() does not wait for the GPU, so on a GPU these are filled while the step's kernels
         # run.
-        masks = self._masks.fill([item.seq for item in items]) if self._masks else None
+        masks = self.intake.masks
+        masks = masks.fill([item.seq for item in items]) if masks else None
         self.scheduler.finish_step(scheduled)
         self.counters.steps += 1
         prompt_counts = [_prompt_tokens_in(s) for s in scheduled]
@@ -396,69 +284,19 @@ class LLMEngine:
         self.counters.prompt_tokens_computed += prompt_tokens
         seqs = [item.seq for item in items]
         tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids, masks)
-        seconds = time.perf_counter() - started
+        self._record_step(scheduled, prompt_counts, prompt_tokens, time.perf_counter() - started)
+        # One accepted token per sequence: the sampler draws one per row.
+        return self.outputs.process(seqs, [[t] for t in tokens], [[lp] for lp in logprobs])
+
+    def _record_step(self, scheduled: list[ScheduledSeq], prompt_counts: list[int],
+                     prompt_tokens: int, seconds: float) -> None:
+        """The step's time, for the prefill rate and the decode cost fit the router reads."""
         self.counters.recent_step_seconds.append(seconds)
         if prompt_tokens:
             self.counters.recent_prefill_steps.append((prompt_tokens, seconds))
         decode = [s for s, n in zip(scheduled, prompt_counts) if n == 0]
         self.counters.decode_cost.record(len(decode),
                                          sum(s.seq.num_computed_tokens for s in decode), seconds)
-        return [self._append(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
-
-    def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
-        seq.token_ids.append(token)
-        self.counters.generation_tokens += 1
-        if seq.logprobs is not None and logprobs is not None:
-            seq.logprobs.append(logprobs)
-        stop = self.detokenizers[seq.request_id].add(token)
-        p = seq.params
-        # A token the grammar refuses can only come from a hand-off whose first token was drawn
-        # unconstrained.
-        grammar_ok = seq.grammar is None or seq.grammar.advance(token)
-        if not grammar_ok:
-            seq.finish_reason = "abort"
-        elif stop is not None:
-            seq.finish_reason, seq.stop_reason = "stop", stop
-        elif token in p.stop_token_ids and seq.num_output_tokens >= p.min_tokens:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif token in self.eos_ids and not p.ignore_eos and seq.num_output_tokens >= p.min_tokens:
-            seq.finish_reason = "stop"
-        elif seq.grammar is not None and seq.grammar.done:
-            seq.finish_reason = "stop"  # the grammar's output is complete
-        elif seq.num_output_tokens >= p.max_tokens:
-            seq.finish_reason = "length"
-        if seq.finish_reason is not None:
-            return self._finish(seq, num_new=1)
-        return self._output(seq, num_new=1, final=False)
-
-    def _finish(self, seq: Sequence, num_new: int = 0) -> RequestOutput:
-        hold = seq.hold_kv and seq.finish_reason != "abort"
-        self.scheduler.remove(seq, free_blocks=not hold)
-        self.counters.requests_finished += 1
-        out = self._output(seq, num_new=num_new, final=True)
-        if hold:
-            self.handoffs.hold(seq)
-        del self.seqs[seq.request_id], self.detokenizers[seq.request_id]
-        return out
-
-    def _output(self, seq: Sequence, num_new: int, final: bool) -> RequestOutput:
-        detok = self.detokenizers[seq.request_id]
-        new_text = detok.release(final)
-        # The histories stay where they grow (token and logprob lists only append; text past
-        # `released` is the only text ever cut): each output keeps a length, not a copy.
-        tokens, end, lps = seq.token_ids, seq.num_tokens, seq.logprobs
-        num_lps = 0 if lps is None else len(lps)
-        snapshot = RequestOutput.snapshot
-        return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
-            token_ids=snapshot(seq, "token_ids", seq.num_prompt_tokens, end),
-            text=snapshot(detok, "text", 0, detok.released), num_new_tokens=num_new,
-            new_text=new_text, finished=final, finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=None if lps is None else snapshot(seq, "logprobs", 0, num_lps),
-            num_cached_tokens=seq.num_cached_tokens, new_token_ids=tokens[end - num_new:end],
-            new_logprobs=None if lps is None else lps[max(0, num_lps - num_new):num_lps],
-            prompt_logprobs=_take_prompt_logprobs(seq))
 
     def generate(self, prompts: list[list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:

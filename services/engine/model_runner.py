@@ -11,7 +11,7 @@ import torch
 from transformers import PretrainedConfig
 
 from baton.services.common.model_config import head_dim
-from baton.services.engine import kv_cache
+from baton.services.engine.kv import kv_cache
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from baton.services.engine.layers.attention import (Attention, AttentionMetadata, PrefillSpan,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from baton.services.engine.block_manager import BlockManager
+from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.sequence import Sequence, Status
 
 

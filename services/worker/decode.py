@@ -3,7 +3,7 @@ when handed one.
 
 A failed or slow pull never loses the request: by policy it is recomputed here (the default) or
 failed. The hand-off's states on this side (RESERVED, PULLING, COMMITTED, PARKED) are drawn in
-services/engine/handoff.py.
+services/engine/kv/handoff.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.handoff import EngineRequest
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVPeer, KVTransferError, KVTransport
@@ -73,7 +73,7 @@ class DecodeSide:
         try:
             kv_source, first = "local", None
             if handoff is None:
-                await self.loop.call(lambda e: e.submit(request, output_token_ids=generated))
+                await self.loop.submit(request, output_token_ids=generated)
             else:
                 kv_source, first = await self._receive(request, handoff)
             # A first token the caller streamed already is timed here but not sent again.
@@ -99,7 +99,7 @@ class DecodeSide:
             self.loop.close_stream(request_id)
             # the caller went away, or we failed: stop the work and free the blocks
             if not finished:
-                self.loop.submit(lambda e: e.abort(request_id))
+                self.loop.abort_nowait(request_id)
 
     async def _receive(self, request: EngineRequest,
                        handoff: KVHandoff) -> tuple[str, RequestOutput | None]:
@@ -125,8 +125,8 @@ class DecodeSide:
         except KVTransferError as e:
             await self._drop_reservation(request_id, e)
             return await self._fall_back(request, handoff, e)
-        first = await self.loop.call(lambda e: e.commit_prefilled(
-            request_id, handoff.first_token_id, handoff.first_logprob))
+        first = await self.loop.commit_prefilled(request_id, handoff.first_token_id,
+                                                 handoff.first_logprob)
         return "transfer", first
 
     async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
@@ -135,11 +135,10 @@ class DecodeSide:
         if delay:
             log.warning("request %s: quarantining its blocks for %.0fs after a timed-out NIXL read",
                         request_id, delay)
-            ticket = await self.loop.call(lambda e: e.park_reserved(request_id))
-            asyncio.get_running_loop().call_later(
-                delay, lambda: self.loop.submit(lambda e: e.release_parked(ticket)))
+            ticket = await self.loop.park_reserved(request_id)
+            asyncio.get_running_loop().call_later(delay, self.loop.release_parked_nowait, ticket)
             return
-        await self.loop.call(lambda e: e.release_kv(request_id))
+        await self.loop.release_kv(request_id)
 
     def _quarantine_s(self, error: BaseException | None) -> float:
         """How long a failed read's blocks stay out of use. A timed-out NIXL READ may still land
@@ -154,7 +153,7 @@ class DecodeSide:
     async def _reserve(self, request: EngineRequest) -> tuple[list[int], int] | None:
         deadline = time.monotonic() + self.config.transfer_timeout_seconds
         while True:
-            reservation = await self.loop.call(lambda e: e.reserve_prefilled(request))
+            reservation = await self.loop.reserve_prefilled(request)
             if reservation is not None or time.monotonic() > deadline:
                 return reservation
             await asyncio.sleep(RESERVE_RETRY_SECONDS)
@@ -189,15 +188,16 @@ class DecodeSide:
         failed leaves its lease to release from here."""
         log.info("request %s: the caller left during the KV pull; blocks freed when it ends",
                  request_id)
-        tickets: list[int] = []
-        self.loop.submit(lambda e: tickets.append(e.park_reserved(request_id)))
+        parked = self.loop.park_reserved_nowait(request_id)
+
+        def release(ticket: asyncio.Future[int]) -> None:
+            if not ticket.cancelled() and ticket.exception() is None:
+                self.loop.release_parked_nowait(ticket.result())
 
         def ended(_: asyncio.Future) -> None:
             error = asyncio.CancelledError() if read.cancelled() else read.exception()
-            # commands run in order: the park above has run before this release
-            asyncio.get_running_loop().call_later(
-                self._quarantine_s(error),
-                lambda: self.loop.submit(lambda e: e.release_parked(tickets[0])))
+            asyncio.get_running_loop().call_later(self._quarantine_s(error),
+                                                  parked.add_done_callback, release)
             if error is not None:
                 asyncio.ensure_future(self.leases.release(handle))
 
@@ -215,7 +215,7 @@ class DecodeSide:
             raise TransferFailed(f"KV transfer from {handle.worker_address} failed: {error}")
         # A first token the client has seen is kept (recomputed as context, not drawn again).
         streamed = [handoff.first_token_id] if handoff.first_token_streamed else None
-        await self.loop.call(lambda e: e.submit(request, output_token_ids=streamed))
+        await self.loop.submit(request, output_token_ids=streamed)
         return "recompute", None
 
 

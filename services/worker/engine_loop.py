@@ -1,8 +1,9 @@
 """The engine on its own thread, driven from an asyncio event loop.
 
-The engine is single-threaded by design (as vLLM's core loop), so every mutation runs on its thread:
-callers submit commands that run between steps, and each request's outputs arrive on its own asyncio
-queue.
+The engine is single-threaded by design (as vLLM's core loop), so every mutation runs on its thread.
+The worker sends it named, typed commands, the engine's serving API (llm_engine.SERVING_API): each
+is queued, runs between two steps in the order sent, and its result (or exception) comes back to
+the awaiting caller. Each request's outputs arrive on its own asyncio queue.
 """
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from baton.services.common.outputs import RequestOutput
+from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.engine.kv.handoff import HeldKV
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.requests import EngineRequest
+from baton.services.worker.kv_events import KVEventLog
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
 T = TypeVar("T")
 IDLE_WAIT_SECONDS = 0.05
+# A command: what runs on the engine thread, its arguments after the engine, and the future its
+# caller awaits (None when nobody does).
+_Command = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], "asyncio.Future[Any] | None"]
 
 
 class EngineLoop:
@@ -27,8 +35,7 @@ class EngineLoop:
         self.loop = loop
         # engine-thread hooks (events, notifications)
         self.after_step: list[Callable[[LLMEngine], None]] = []
-        self._commands: queue.SimpleQueue[
-            tuple[Callable[[LLMEngine], Any], asyncio.Future | None]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._wake = threading.Event()
         self._stopped = False
@@ -42,18 +49,22 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout=10)
 
-    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Runs fn(engine) on the engine thread between steps and returns (or raises) its result."""
-        future = self.loop.create_future()
-        self._commands.put((fn, future))
-        self._wake.set()
-        return await future
+    # Requests in and out.
 
-    def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
-        """Fire and forget: for cleanups that must happen even when the caller is being
+    async def submit(self, request: EngineRequest, *, output_token_ids: list[int] | None = None,
+                     hold_kv: bool = False) -> None:
+        """Queues a request (LLMEngine.submit). Raises ValueError when it can never be served."""
+        await self._call(LLMEngine.submit, request, output_token_ids=output_token_ids,
+                         hold_kv=hold_kv)
+
+    async def abort(self, request_id: str) -> bool:
+        """Stops a request wherever it is; whether it was anywhere here."""
+        return await self._call(LLMEngine.abort, request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
+        """abort without waiting: a cleanup that must happen even when its caller is being
         cancelled."""
-        self._commands.put((fn, None))
-        self._wake.set()
+        self._send(LLMEngine.abort, request_id)
 
     def open_stream(self, request_id: str) -> asyncio.Queue[RequestOutput]:
         stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -62,6 +73,63 @@ class EngineLoop:
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+
+    # The hand-off, decode side.
+
+    async def reserve_prefilled(self, request: EngineRequest) -> tuple[list[int], int] | None:
+        """Blocks for a prompt whose KV comes from elsewhere: (block ids, leading blocks already
+        cached here), or None when there is no room now."""
+        return await self._call(LLMEngine.reserve_prefilled, request)
+
+    async def commit_prefilled(self, request_id: str, first_token: int,
+                               first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
+        """The reserved blocks hold the prompt's KV: the request joins the batch."""
+        return await self._call(LLMEngine.commit_prefilled, request_id, first_token,
+                                first_logprobs)
+
+    async def park_reserved(self, request_id: str) -> int:
+        """Keeps a failed pull's blocks out of use; the ticket that releases them."""
+        return await self._call(LLMEngine.park_reserved, request_id)
+
+    def park_reserved_nowait(self, request_id: str) -> asyncio.Future[int]:
+        """park_reserved, queued at once (ahead of any later command) by a caller being cancelled;
+        the future gets the ticket."""
+        return self._enqueue(LLMEngine.park_reserved, request_id)
+
+    def release_parked_nowait(self, ticket: int) -> None:
+        self._send(LLMEngine.release_parked, ticket)
+
+    # The hand-off, prefill side (release_kv ends a decode side's reservation too).
+
+    async def held_kv(self, request_id: str) -> HeldKV | None:
+        return await self._call(LLMEngine.held_kv, request_id)
+
+    async def release_kv(self, request_id: str) -> bool:
+        return await self._call(LLMEngine.release_kv, request_id)
+
+    # The prefix cache, mirrored by the router.
+
+    async def kv_snapshot(self, events: KVEventLog) -> tuple[int, list[int]]:
+        """Every block hash the prefix cache can hit now, and the event sequence number that covers
+        them all (the engine's pending block events are drained into `events` first)."""
+        return await self._call(_kv_snapshot, events)
+
+    async def _call(self, command: Callable[Concatenate[LLMEngine, P], T], *args: P.args,
+                    **kwargs: P.kwargs) -> T:
+        """Runs command(engine, ...) on the engine thread between steps and returns (or raises) its
+        result."""
+        return await self._enqueue(command, *args, **kwargs)
+
+    def _enqueue(self, command: Callable[Concatenate[LLMEngine, P], T], *args: P.args,
+                 **kwargs: P.kwargs) -> asyncio.Future[T]:
+        future = self.loop.create_future()
+        self._commands.put((command, args, kwargs, future))
+        self._wake.set()
+        return future
+
+    def _send(self, command: Callable[..., Any], *args: Any) -> None:
+        self._commands.put((command, args, {}, None))
+        self._wake.set()
 
     def _run(self) -> None:
         while not self._stopped:
@@ -77,14 +145,14 @@ class EngineLoop:
     def _run_commands(self) -> None:
         while True:
             try:
-                fn, future = self._commands.get_nowait()
+                command, args, kwargs, future = self._commands.get_nowait()
             except queue.Empty:
                 return
             try:
-                result = fn(self.engine)
+                result = command(self.engine, *args, **kwargs)
             except Exception as e:  # handed to the awaiting caller, which maps it to a status
                 if future is None:
-                    log.exception("engine command failed")
+                    log.exception("engine command %s%r failed", command.__name__, args)
                 else:
                     self.loop.call_soon_threadsafe(_settle, future, None, e)
                 continue
@@ -102,6 +170,11 @@ class EngineLoop:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 stream.put_nowait(out)
+
+
+def _kv_snapshot(engine: LLMEngine, events: KVEventLog) -> tuple[int, list[int]]:
+    events.drain(engine)  # so that the sequence number covers every hash in the snapshot
+    return events.last_sequence, engine.cached_block_hashes()
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

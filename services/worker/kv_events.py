@@ -7,7 +7,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from baton.services.engine.block_manager import BlockEvent
+from baton.services.engine.kv.block_manager import BlockEvent
 from baton.services.engine.llm_engine import LLMEngine
 
 

@@ -7,7 +7,7 @@ be reading the blocks, and a one-sided read cannot tell them from reused ones, s
 abandons the request (Abort) leaves such a lease alone.
 
 A lease is the hand-off's clock only: the engine owns the blocks (HELD in
-services/engine/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells
+services/engine/kv/handoff.py, where the whole lifecycle is drawn), and ending a lease is what tells
 the worker to release them there."""
 from __future__ import annotations
 

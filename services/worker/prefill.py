@@ -1,6 +1,6 @@
 """The prefill side of the hand-off: run the prompt, sample the first token, hold the blocks under a
 lease, and free them on the decode worker's notice or at expiry (the states:
-services/engine/handoff.py)."""
+services/engine/kv/handoff.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,8 @@ import logging
 from dataclasses import dataclass, replace
 
 from baton.services.common.outputs import RequestOutput
-from baton.services.engine.handoff import EngineRequest, HeldKV
+from baton.services.engine.kv.handoff import HeldKV
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_transfer.base import KVHandle, KVTransport
@@ -51,12 +52,12 @@ class PrefillSide:
         one = replace(request, params=replace(request.params, max_tokens=1))
         stream = self.loop.open_stream(request_id)
         try:
-            await self.loop.call(lambda e: e.submit(one, hold_kv=True))
+            await self.loop.submit(one, hold_kv=True)
             out = await stream.get()
             return await self._respond(request, out)
         except asyncio.CancelledError:
             log.info("request %s: the caller left during prefill; aborted", request_id)
-            self.loop.submit(lambda e: e.abort(request_id))
+            self.loop.abort_nowait(request_id)
             raise
         finally:
             self.loop.close_stream(request_id)
@@ -66,9 +67,9 @@ class PrefillSide:
         # Our max_tokens=1 cap is not an end of the answer; EOS, a stop token or string, or the
         # caller's own max_tokens=1 is, and then nothing is handed off.
         if out.finish_reason != "length" or request.params.max_tokens == 1:
-            await self.loop.call(lambda e: e.release_kv(request_id))
+            await self.loop.release_kv(request_id)
             return Prefilled(out, None)
-        held: HeldKV = await self.loop.call(lambda e: e.held_kv(request_id))
+        held = await self.loop.held_kv(request_id)
         lease = self.leases.grant(request_id)
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
         return Prefilled(out, self._handle(request_id, held, len(out.prompt_token_ids),
@@ -90,7 +91,7 @@ class PrefillSide:
                              "(released, expired or never granted)")
         if self.leases.get(request_id) is None:
             raise gone
-        held = await self.loop.call(lambda e: e.held_kv(request_id))
+        held = await self.loop.held_kv(request_id)
         if held is None:
             raise gone
         stray = set(block_ids) - set(held.block_ids)
@@ -106,7 +107,7 @@ class PrefillSide:
         return True
 
     async def _free(self, request_id: str, expired: bool = False) -> None:
-        await self.loop.call(lambda e: e.release_kv(request_id))
+        await self.loop.release_kv(request_id)
         self.metrics.leases.labels(self.metrics.model_name).set(len(self.leases))
         if expired:
             self.metrics.lease_expiries.labels(self.metrics.model_name).inc()

@@ -17,8 +17,8 @@ from baton.services.common.convert import (logprob_from_proto, output_to_proto, 
                                            prefill_to_proto)
 from baton.services.common.limits import MAX_PROMPT_TOKENS
 from baton.services.common.roles import Role
-from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
@@ -147,7 +147,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # A decode worker took the hand-off and may be reading the blocks: it releases them.
             return pb.AbortResponse(found=True)
         leased = await self.prefill_side.release(rid)
-        return pb.AbortResponse(found=await self.loop.call(lambda e: e.abort(rid)) or leased)
+        return pb.AbortResponse(found=await self.loop.abort(rid) or leased)
 
     async def UpdateLease(self, request: pb.UpdateLeaseRequest,
                           context: grpc.aio.ServicerContext) -> pb.UpdateLeaseResponse:
@@ -216,10 +216,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def GetKVSnapshot(self, request: pb.GetKVSnapshotRequest,
                             context: grpc.aio.ServicerContext) -> pb.KVSnapshot:
-        def snapshot(e: LLMEngine) -> tuple[int, list[int]]:
-            self.events.drain(e)  # so that the sequence number covers every hash in the snapshot
-            return self.events.last_sequence, e.cached_block_hashes()
-
-        sequence, hashes = await self.loop.call(snapshot)
+        sequence, hashes = await self.loop.kv_snapshot(self.events)
         return pb.KVSnapshot(worker_id=self.worker_id, sequence=sequence, block_hashes=hashes,
                              block_size=self.engine.block_size)

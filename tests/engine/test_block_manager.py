@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from baton.services.common.block_hash import block_hashes, root_hash
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.engine.block_manager import BlockManager
+from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.sequence import Sequence
 
 BS = 4

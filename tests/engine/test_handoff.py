@@ -6,8 +6,8 @@ import pytest
 
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.requests import EngineRequest
 from tests.engine.engine_helpers import greedy, random_prompts
 
 

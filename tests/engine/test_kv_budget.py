@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from baton.services.common.model_config import load_config
-from baton.services.engine import kv_cache
+from baton.services.engine.kv import kv_cache
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.kv_cache import KVCacheTooLarge
+from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.llm_engine import LLMEngine
 
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.engine.block_manager import BlockManager
+from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.scheduler import Scheduler
 from baton.services.engine.sequence import Sequence, Status
 

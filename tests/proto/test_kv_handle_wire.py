@@ -2,7 +2,8 @@
 trip field for field."""
 from dataclasses import fields
 
-from baton.services.worker.kv_transfer.base import (KVHandle, KVLayout, kv_handle_from_proto,
+from baton.services.engine.kv.layout import KVLayout
+from baton.services.worker.kv_transfer.base import (KVHandle, kv_handle_from_proto,
                                                     kv_handle_to_proto, layout_from_proto,
                                                     layout_to_proto)
 from baton.v1 import worker_pb2 as pb

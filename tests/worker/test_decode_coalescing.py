@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 from baton.services.common.outputs import RequestOutput
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.handoff import EngineRequest
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide
 from baton.services.worker.engine_loop import EngineLoop

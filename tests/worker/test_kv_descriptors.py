@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from baton.services.engine.kv.block_copy import copy_blocks
+from baton.services.engine.kv.layout import KVLayout, block_runs
 from baton.services.worker.kv_transfer import nixl_loader
-from baton.services.worker.kv_transfer.base import KVLayout
-from baton.services.worker.kv_transfer.copy import copy_blocks
-from baton.services.worker.kv_transfer.descriptors import block_runs, coalesced_tables, run_table
+from baton.services.worker.kv_transfer.descriptors import coalesced_tables, run_table
 from baton.services.worker.kv_transfer.nixl_transport import descriptor_table
 
 LAYOUT = KVLayout(num_layers=3, num_blocks=10, block_size=4, block_nbytes=256, base_address=1 << 20,

@@ -18,8 +18,8 @@ from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSp
 from baton.loadtest.commands.bench_kv_transfer import pick_blocks
 from baton.services.cli.main import main
 from baton.services.common.process import free_port
+from baton.services.engine.kv.layout import byte_view
 from baton.services.worker.kv_transfer import KVTransferError, KVTransport, make_transport
-from baton.services.worker.kv_transfer.grpc_transport import byte_view
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
 KINDS = ("nixl", "grpc")

@@ -17,11 +17,10 @@ import torch
 
 from baton.loadtest.bench.kv_loopback import CacheShape, SourceProcess, SourceSpec, blocks_digest
 from baton.services.common.process import free_port
-from baton.services.worker.kv_transfer import (KVLayout, KVPeer, KVTransferError, KVTransport,
-                                               make_transport)
+from baton.services.engine.kv.layout import KVLayout, byte_view
+from baton.services.worker.kv_transfer import KVPeer, KVTransferError, KVTransport, make_transport
 from baton.services.worker.kv_transfer.cuda_ipc import (CudaIpcKVTransport, _closed_by_peer,
                                                         _Handler, _Listener)
-from baton.services.worker.kv_transfer.grpc_transport import byte_view
 
 KINDS = ("nixl", "cuda_ipc")
 # 64 KiB blocks

@@ -1,5 +1,6 @@
-"""KV transports: how a decode worker reads a prefill worker's KV blocks (see base.py for the
-contract)."""
+"""KV transports: how a decode worker reads a prefill worker's KV blocks over the network or between
+processes (see base.py for the contract). The cache they move, its layout and block copies are the
+engine's (baton.services.engine.kv)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -7,12 +8,12 @@ from typing import Literal
 import torch
 from prometheus_client import CollectorRegistry
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError, KVTransport,
+from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, KVTransport,
                                                     TransferResult)
 from baton.services.worker.kv_transfer.telemetry import TransferMetrics
 
 __all__ = [
-    "KVLayout", "KVPeer", "KVTransferError", "KVTransport", "TRANSPORT_KINDS", "TransferResult",
+    "KVPeer", "KVTransferError", "KVTransport", "TRANSPORT_KINDS", "TransferResult",
     "TransportKind", "make_transport"
 ]
 

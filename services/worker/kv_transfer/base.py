@@ -1,19 +1,18 @@
 """The KV transport contract: how a decode worker READs a prefill worker's leased KV blocks into its
 own cache.
 
-Both workers hold a paged cache laid out [layers, blocks, 2, block_size, kv_heads, head_dim] (see
-baton.services.engine.kv_cache), so each (layer, block) is one contiguous range of `block_nbytes`
-bytes at `base_address + (layer * num_blocks + block) * block_nbytes`. A transport moves such
-ranges; the two caches may differ in their number of blocks, never in the per-block shape.
+Both workers hold a paged cache of the same per-block shape (baton.services.engine.kv.layout), so
+each (layer, block) is one contiguous range that a transport moves; the two caches may differ in
+their number of blocks, never in the per-block shape.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 
-import torch
-
+from baton.services.engine.kv.layout import KVLayout
 from baton.v1 import worker_pb2 as pb
 
 
@@ -31,22 +30,6 @@ class KVTransferError(RuntimeError):
     def __init__(self, message: str, reason: str = "failed") -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    num_layers: int
-    num_blocks: int
-    block_size: int  # tokens per block
-    block_nbytes: int  # bytes of one (layer, block): K and V together
-    base_address: int
-    dtype: str
-
-    @classmethod
-    def of(cls, kv_cache: torch.Tensor) -> "KVLayout":
-        layers, blocks, _, block_size = kv_cache.shape[:4]
-        return cls(layers, blocks, block_size, kv_cache[0, 0].numel() * kv_cache.element_size(),
-                   kv_cache.data_ptr(), str(kv_cache.dtype).removeprefix("torch."))
 
 
 def layout_to_proto(layout: KVLayout) -> pb.KVLayout:
@@ -130,6 +113,26 @@ class KVTransport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Releases registered memory and connections."""
+
+
+class NotificationInbox:
+    """Read notices that reach the prefill side through a listener of this worker's own (the PullKV
+    servicer, the CUDA IPC socket) rather than through a library that keeps them (NIXL): they wait
+    here, appended on the listener's thread, until the worker's housekeeping takes them."""
+
+    def __init__(self) -> None:
+        self._notifications: deque[bytes] = deque()
+
+    def record_notification(self, msg: bytes) -> None:
+        """A pull finished: `take_notifications` hands `msg` to the prefill side."""
+        self._notifications.append(msg)
+
+    def take_notifications(self) -> list[bytes]:
+        # popleft, not a copy then clear: a notice appended in between would be lost
+        taken = []
+        while self._notifications:
+            taken.append(self._notifications.popleft())
+        return taken
 
 
 class KVStreamSource(ABC):

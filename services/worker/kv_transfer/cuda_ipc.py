@@ -24,16 +24,15 @@ import socket
 import socketserver
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError,
+from baton.services.engine.kv.block_copy import copy_blocks
+from baton.services.engine.kv.layout import KVLayout, byte_view
+from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, NotificationInbox,
                                                     TransferResult, check_read)
-from baton.services.worker.kv_transfer.copy import copy_blocks
-from baton.services.worker.kv_transfer.grpc_transport import byte_view
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 
 log = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ def _closed_by_peer(conn: socket.socket) -> bool:
     return bool(readable)
 
 
-class CudaIpcKVTransport(ObservedTransport):
+class CudaIpcKVTransport(NotificationInbox, ObservedTransport):
     name = "cuda_ipc"
 
     def __init__(self, kv_cache: torch.Tensor, worker_name: str, host: str, port: int,
@@ -123,6 +122,7 @@ class CudaIpcKVTransport(ObservedTransport):
         if kv_cache.device.type != "cuda":
             raise ValueError(
                 "the cuda_ipc KV transport needs a CUDA KV cache; use nixl or grpc on CPU")
+        super().__init__()
         self._name, self._host, self._metrics = worker_name, host, metrics
         self._layout = KVLayout.of(kv_cache)
         self.cache = kv_cache
@@ -130,7 +130,6 @@ class CudaIpcKVTransport(ObservedTransport):
         self._stream = torch.cuda.Stream(kv_cache.device)
         self._remotes: dict[str, _Remote] = {}
         self._lock = threading.Lock()
-        self._notifications: deque[bytes] = deque()
         self._server = _Listener((host, port), _Handler)
         self._server.transport = self  # type: ignore[attr-defined]
         self._port = self._server.server_address[1]
@@ -234,15 +233,6 @@ class CudaIpcKVTransport(ObservedTransport):
         remote = self._remotes.pop(name, None) or remote
         if remote is not None:
             remote.conn.close()
-
-    def record_notification(self, msg: bytes) -> None:
-        self._notifications.append(msg)
-
-    def take_notifications(self) -> list[bytes]:
-        taken = []
-        while self._notifications:
-            taken.append(self._notifications.popleft())
-        return taken
 
     def close(self) -> None:
         with self._lock:

@@ -1,38 +1,14 @@
 """Address ranges of a KV read: one (address, length, device) row per contiguous piece, on each
 side.
 
-The cache is [layers, blocks, 2, block_size, kv_heads, head_dim], so within one layer consecutive
-block ids are adjacent in memory: a run of blocks that is consecutive on both sides (remote b..b+k,
-local l..l+k) is one range per layer instead of k. A fresh prompt's blocks usually come from the
-allocator's free list in order, so whole prompts often collapse to a few runs; a fragmented cache
-falls back to a range per (layer, block).
-
-Why not a block-major layout ([blocks, layers, ...], one range per block for all layers)? It would
-make every block one range even when scattered, but the attention kernels and CUDA graphs index the
-cache per layer (`kv_cache[layer]` must be one strided tensor over all blocks), and changing the
-engine's layout is out of proportion for what runs already give: with consecutive blocks the
-layer-major layout needs only `layers` ranges per run, and on one node the CUDA IPC transport
-gathers scattered blocks in a single kernel regardless.
+A run of blocks consecutive on both sides is one range per layer (the cache's layout and why:
+baton.services.engine.kv.layout); a fragmented cache falls back to a range per (layer, block).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from baton.services.worker.kv_transfer.base import KVLayout
-
-
-def block_runs(remote_blocks: list[int], local_blocks: list[int]) -> list[tuple[int, int, int]]:
-    """(remote_start, local_start, length) of the maximal runs, in order, where both sides step by
-    +1."""
-    runs: list[tuple[int, int, int]] = []
-    for remote, local in zip(remote_blocks, local_blocks):
-        if runs:
-            r0, l0, n = runs[-1]
-            if remote == r0 + n and local == l0 + n:
-                runs[-1] = (r0, l0, n + 1)
-                continue
-        runs.append((remote, local, 1))
-    return runs
+from baton.services.engine.kv.layout import KVLayout, block_runs
 
 
 def run_table(layout: KVLayout, starts: list[int], lengths: list[int],

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import Iterator
 
 import grpc
 import numpy as np
 import torch
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVStreamSource,
-                                                    KVTransferError, TransferResult, check_read)
+from baton.services.engine.kv.layout import KVLayout, byte_view
+from baton.services.worker.kv_transfer.base import (KVPeer, KVStreamSource, KVTransferError,
+                                                    NotificationInbox, TransferResult, check_read)
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
@@ -31,17 +31,12 @@ _REASONS = {
 }
 
 
-def byte_view(kv_cache: torch.Tensor) -> torch.Tensor:
-    """The cache as [layers, blocks, block_nbytes] bytes, sharing its memory."""
-    layers, blocks = kv_cache.shape[:2]
-    return kv_cache.view(torch.uint8).view(layers, blocks, -1)
-
-
-class GrpcKVTransport(ObservedTransport, KVStreamSource):
+class GrpcKVTransport(NotificationInbox, ObservedTransport, KVStreamSource):
     name = "grpc"
 
     def __init__(self, kv_cache: torch.Tensor, worker_name: str, host: str, port: int,
                  metrics: TransferMetrics | None = None) -> None:
+        super().__init__()
         self._name, self._host, self._port, self._metrics = worker_name, host, port, metrics
         self._layout = KVLayout.of(kv_cache)
         self._bytes = byte_view(kv_cache)
@@ -49,7 +44,6 @@ class GrpcKVTransport(ObservedTransport, KVStreamSource):
         self._numpy = self._bytes.numpy() if kv_cache.device.type == "cpu" else None
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
-        self._notifications: deque[bytes] = deque()
 
     def local_peer(self) -> KVPeer:
         return KVPeer(self._name, self._host, self._port, self._layout)
@@ -149,15 +143,6 @@ class GrpcKVTransport(ObservedTransport, KVStreamSource):
         if self._numpy is not None:
             return self._numpy[layer, block].tobytes()
         return self._bytes[layer, block].cpu().numpy().tobytes()
-
-    def record_notification(self, msg: bytes) -> None:
-        self._notifications.append(msg)
-
-    def take_notifications(self) -> list[bytes]:
-        taken = []
-        while self._notifications:
-            taken.append(self._notifications.popleft())
-        return taken
 
     def close(self) -> None:
         with self._lock:

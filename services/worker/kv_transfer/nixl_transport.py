@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from baton.services.worker.kv_transfer.base import (KVLayout, KVPeer, KVTransferError,
-                                                    TransferResult, check_read)
+from baton.services.engine.kv.layout import KVLayout
+from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, TransferResult,
+                                                    check_read)
 from baton.services.worker.kv_transfer.descriptors import coalesced_tables
 from baton.services.worker.kv_transfer.nixl_loader import (configure_ucx_for_cuda, load_nixl,
                                                            new_agent)

@@ -1,12 +1,12 @@
-"""Block copies between two byte views of caches ([layers, blocks, block_nbytes]) on devices, for
-transports that can address both caches directly (CUDA IPC): a slice copy per run of consecutive
-blocks when there are few runs, else a gather + scatter of the scattered blocks, chunked so the
-staging tensor stays small on a shared GPU."""
+"""Block copies between two byte views of caches ([layers, blocks, block_nbytes], layout.byte_view)
+on devices, for whatever can address both caches directly (the CUDA IPC transport): a slice copy per
+run of consecutive blocks when there are few runs, else a gather + scatter of the scattered blocks,
+chunked so the staging tensor stays small on a shared GPU."""
 from __future__ import annotations
 
 import torch
 
-from baton.services.worker.kv_transfer.descriptors import block_runs
+from baton.services.engine.kv.layout import block_runs
 
 # Up to this many runs, one strided copy per run beats index kernels (each copy moves every layer of
 # its run).

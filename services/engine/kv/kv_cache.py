@@ -1,7 +1,7 @@
 """Sizing and allocation of the paged KV cache.
 
-Layout [layers, blocks, 2, block_size, kv_heads, head_dim]: each (layer, block) pair, K and V
-together, is one contiguous range of memory, which is what a KV hand-off registers and moves.
+Layout [layers, blocks, 2, block_size, kv_heads, head_dim] (layout.py): each (layer, block) pair, K
+and V together, is one contiguous range of memory, which is what a KV hand-off registers and moves.
 
 Without an explicit size the cache takes what memory allows: on a GPU, gpu_memory_utilization of the
 card less everything already in use (weights, other processes) and a bound on one step's

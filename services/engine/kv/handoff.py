@@ -30,18 +30,7 @@ import enum
 import itertools
 from dataclasses import dataclass
 
-from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """A request as the engine takes it, whichever way it enters (queued, or reserved)."""
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    priority: int = 0
-    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""Where each block of the paged KV cache lies in memory, and how blocks line up for a copy.
+
+The cache is [layers, blocks, 2, block_size, kv_heads, head_dim] (kv_cache.allocate), so each
+(layer, block) pair, K and V together, is one contiguous range of `block_nbytes` bytes at
+`base_address + (layer * num_blocks + block) * block_nbytes`, and within one layer consecutive
+block ids are adjacent in memory: a run of blocks consecutive on both sides of a copy (source
+b..b+k, destination l..l+k) is one range per layer instead of k. A fresh prompt's blocks usually
+come from the allocator's free list in order, so whole prompts often collapse to a few runs.
+
+Why not a block-major layout ([blocks, layers, ...], one range per block for all layers)? It would
+make every block one range even when scattered, but the attention kernels and CUDA graphs index the
+cache per layer (`kv_cache[layer]` must be one strided tensor over all blocks), and changing the
+layout is out of proportion for what runs already give: with consecutive blocks the layer-major
+layout needs only `layers` ranges per run, and scattered blocks on one device are gathered in a
+single kernel regardless (block_copy.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_layers: int
+    num_blocks: int
+    block_size: int  # tokens per block
+    block_nbytes: int  # bytes of one (layer, block): K and V together
+    base_address: int
+    dtype: str
+
+    @classmethod
+    def of(cls, kv_cache: torch.Tensor) -> "KVLayout":
+        layers, blocks, _, block_size = kv_cache.shape[:4]
+        return cls(layers, blocks, block_size, kv_cache[0, 0].numel() * kv_cache.element_size(),
+                   kv_cache.data_ptr(), str(kv_cache.dtype).removeprefix("torch."))
+
+
+def byte_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The cache as [layers, blocks, block_nbytes] bytes, sharing its memory."""
+    layers, blocks = kv_cache.shape[:2]
+    return kv_cache.view(torch.uint8).view(layers, blocks, -1)
+
+
+def block_runs(remote_blocks: list[int], local_blocks: list[int]) -> list[tuple[int, int, int]]:
+    """(remote_start, local_start, length) of the maximal runs, in order, where both sides step by
+    +1."""
+    runs: list[tuple[int, int, int]] = []
+    for remote, local in zip(remote_blocks, local_blocks):
+        if runs:
+            r0, l0, n = runs[-1]
+            if remote == r0 + n and local == l0 + n:
+                runs[-1] = (r0, l0, n + 1)
+                continue
+        runs.append((remote, local, 1))
+    return runs
