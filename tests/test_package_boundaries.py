@@ -1,8 +1,10 @@
 """Package boundaries, checked on the source:
-- the gateway, the router and the shared package stay light: none imports the engine or the
-  worker, nor torch itself, so the gateway and router run without them and `common` is a leaf
-  every service can use (transformers, which the gateway tokenizes with, loads torch on its own
-  when installed; that is not counted);
+- the gateway, the router, the OpenAI protocol and the shared package stay light: none imports the
+  engine or the worker, nor torch itself, so the gateway and router run without them and `common`
+  is a leaf every service can use (transformers, which the gateway tokenizes with, loads torch on
+  its own when installed; that is not counted);
+- the OpenAI protocol (`services/openai`) is the gateway's and `baton run-batch`'s alike, so it
+  imports no service either: neither the gateway nor the router;
 - benchmarks and simulators live in baton.loadtest (bench/, sim/, and their commands in
   commands/), not in the services: no module under services/ is named like one or imports from
   baton.loadtest, except the command-layer module that hands the engine the simulated runner
@@ -21,7 +23,10 @@ import baton.services
 
 SERVICES = Path(baton.services.__file__).parent
 FORBIDDEN = ("baton.services.engine", "baton.services.worker", "torch")
-SERVICE_PACKAGES = ("gateway", "router", "worker", "engine", "common")
+SERVICE_PACKAGES = ("gateway", "router", "worker", "engine", "common", "openai")
+LIGHT_PACKAGES = ["gateway", "router", "common", "openai"]
+# What the protocol and the shared package must not import, besides FORBIDDEN.
+SERVICES_ABOVE = ("baton.services.gateway", "baton.services.router")
 BENCH_OR_SIM_NAME = re.compile(
     r"(^|_)(bench|benchmark|sim|simulator|replay|overload|loopback)(_|$)")
 
@@ -39,20 +44,23 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def _forbidden(module: str) -> bool:
-    return any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
+def _forbidden(module: str, forbidden: tuple[str, ...] = FORBIDDEN) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in forbidden)
 
 
 def _service_modules() -> list[Path]:
     return [p for pkg in SERVICE_PACKAGES for p in sorted((SERVICES / pkg).rglob("*.py"))]
 
 
-@pytest.mark.parametrize("package", ["gateway", "router", "common"])
+def _leaks(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted({f"{path.relative_to(SERVICES)}:{line} imports {module}"
+                   for path in sorted((SERVICES / package).rglob("*.py"))
+                   for line, module in imported_modules(path) if _forbidden(module, forbidden)})
+
+
+@pytest.mark.parametrize("package", LIGHT_PACKAGES)
 def test_package_imports_neither_engine_nor_worker(package: str) -> None:
-    leaks = sorted({f"{path.relative_to(SERVICES)}:{line} imports {module}"
-                    for path in sorted((SERVICES / package).rglob("*.py"))
-                    for line, module in imported_modules(path) if _forbidden(module)})
-    assert leaks == []
+    assert _leaks(package, FORBIDDEN) == []
 
 
 def test_the_check_sees_a_leak(tmp_path: Path) -> None:
@@ -60,13 +68,22 @@ def test_the_check_sees_a_leak(tmp_path: Path) -> None:
     leaky.write_text("def f():\n    from baton.services.engine.llm_engine import LLMEngine\n")
     assert {m for _, m in imported_modules(leaky) if _forbidden(m)} == {
         "baton.services.engine.llm_engine", "baton.services.engine.llm_engine.LLMEngine"}
+    leaky.write_text("from baton.services.gateway import state\n")
+    assert {m for _, m in imported_modules(leaky) if _forbidden(m, SERVICES_ABOVE)} == {
+        "baton.services.gateway", "baton.services.gateway.state"}
 
 
-@pytest.mark.parametrize("package", ["gateway", "router", "common"])
+@pytest.mark.parametrize("package", ["openai", "common"])
+def test_protocol_and_shared_package_import_no_service_above_them(package: str) -> None:
+    assert _leaks(package, SERVICES_ABOVE) == []
+
+
+@pytest.mark.parametrize("package", LIGHT_PACKAGES)
 def test_importing_the_package_loads_no_engine_or_worker(package: str) -> None:
     """The static check misses imports made by name; a fresh interpreter shows what actually
     loads."""
-    modules = [f"baton.services.{package}.{p.stem}" for p in (SERVICES / package).glob("*.py")]
+    modules = [".".join(("baton.services", *p.relative_to(SERVICES).with_suffix("").parts))
+               for p in (SERVICES / package).rglob("*.py") if p.stem != "__init__"]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
             f"print([m for m in sys.modules if m.startswith({FORBIDDEN[:2]!r})])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 
 from baton.loadtest.bench.throughput import machine_info
-from baton.services.common.handoff_client import stream_tokens
 from baton.services.common.process import ServiceProcess, free_port, launch_service
+from baton.services.gateway.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
 

@@ -14,11 +14,11 @@ import uuid
 from typing import Any
 
 from baton.services.cli.engine_runner import sim_runner_for
-from baton.services.common.openai_protocol import ProtocolError
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.offline import run_requests
+from baton.services.openai.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 

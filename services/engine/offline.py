@@ -7,12 +7,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from baton.services.common.openai_protocol import (OpenAIRequest, ProtocolError, new_response_id,
-                                                   parse_request, to_engine_input)
-from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.common.tool_parsers import parser_for_model
 from baton.services.engine.llm_engine import LLMEngine, keep_prompt_logprobs
+from baton.services.openai.endpoints import OpenAIRequest, new_response_id, parse_request
+from baton.services.openai.engine_input import to_engine_input
+from baton.services.openai.errors import ProtocolError
+from baton.services.openai.render import Choice, build_response
+from baton.services.openai.tool_parsers import parser_for_model
 
 log = logging.getLogger(__name__)
 

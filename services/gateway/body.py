@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 
-from baton.services.common.openai_protocol import ProtocolError
+from baton.services.openai.errors import ProtocolError
 
 # A JSON string, escapes included: what lies inside one is not structure.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)

@@ -1,10 +1,12 @@
 """A choice's state as the workers' messages arrive. Text comes detokenized from the workers (stop
-strings resolved there); the OpenAI bodies made from it are openai_render's."""
+strings resolved there); the OpenAI bodies made from it are services/openai/render.py's and
+streaming.py's."""
 from __future__ import annotations
 
 from baton.services.common.convert import (logprob_from_proto, prompt_logprobs_from_proto,
                                            stop_reason_of)
-from baton.services.common.openai_render import Choice, Delta
+from baton.services.openai.render import Choice
+from baton.services.openai.streaming import Delta
 from baton.v1 import worker_pb2 as pb
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from baton.services.common.openai_protocol import ProtocolError
+from baton.services.openai.errors import ProtocolError
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.services.common.handoff_client import (PrefillFailed, first_token_at_prefill,
-                                                   stream_tokens)
 from baton.services.common.worker_stubs import RECONNECT_OPTIONS, WorkerStubs
+from baton.services.gateway.handoff_client import (PrefillFailed, first_token_at_prefill,
+                                                   stream_tokens)
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2
 
 log = logging.getLogger(__name__)

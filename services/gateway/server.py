@@ -15,9 +15,8 @@ from transformers import AutoTokenizer
 
 from baton.services.common.http_probe import serve_probes
 from baton.services.common.model_config import context_length, load_config
-from baton.services.common.tool_parsers import parser_for_model
 from baton.services.common.tracing import setup_tracing
-from baton.services.gateway.app import Gateway, create_app
+from baton.services.gateway.app import create_app
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.http_timeouts import Deadlines, timed_protocol
 from baton.services.gateway.key_reload import KeyReloader
@@ -25,7 +24,9 @@ from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator, PrefillDeadline
 from baton.services.gateway.rate_limits import RateLimiter
 from baton.services.gateway.readiness import RouterHealth
+from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import KeyStore
+from baton.services.openai.tool_parsers import parser_for_model
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 from opentelemetry import propagate, trace
@@ -20,15 +19,15 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from baton.services.common.convert import params_to_proto
-from baton.services.common.openai_protocol import EngineInput, OpenAIRequest
-from baton.services.common.openai_render import ChunkWriter, TokenText, sse
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
+from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import Tenant
-
-if TYPE_CHECKING:
-    from baton.services.gateway.app import Gateway
+from baton.services.openai.endpoints import OpenAIRequest
+from baton.services.openai.engine_input import EngineInput
+from baton.services.openai.render import TokenText
+from baton.services.openai.streaming import ChunkWriter, sse
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.gateway")
@@ -65,8 +64,8 @@ class StreamedResponse(StreamingResponse):
     streamed to the end, or cut by the client before or during the stream. Starlette cancels the
     body on a disconnect and may never start it, so the body's own cleanup cannot be relied on."""
 
-    def __init__(self, serving: Serving, api: ApiRequest, running: Running) -> None:
-        super().__init__(serving.stream(api, running), media_type="text/event-stream")
+    def __init__(self, serving: Serving, running: Running, writer: ChunkWriter) -> None:
+        super().__init__(serving.stream(running, writer), media_type="text/event-stream")
         self.serving, self.running = serving, running
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,7 +76,7 @@ class StreamedResponse(StreamingResponse):
 
 
 class Serving:
-    def __init__(self, gateway: "Gateway") -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.slos = parse_slos(gateway.config.slos)
         self.text_of = TokenText(gateway.tokenizer)
@@ -203,15 +202,13 @@ class Serving:
                 live -= 1
             yield index, item
 
-    async def stream(self, api: ApiRequest, running: Running) -> AsyncIterator[str]:
-        writer = ChunkWriter(api.oai, api.response_id, self.gateway.model_name, self.text_of,
-                             self.gateway.tool_parser)
+    async def stream(self, running: Running, writer: ChunkWriter) -> AsyncIterator[str]:
+        """The SSE body, in the endpoint's chunks (`writer`); error events where a choice failed."""
         # per choice: n choices interleave, and ITL is a gap within one
         last_token_at: dict[int, float] = {}
         try:
-            if writer.chat:
-                for state in running.states:
-                    yield writer.role(state.index)
+            for chunk in writer.opening(running.states):
+                yield chunk
             async for index, item in self._events(running):
                 if isinstance(item, Exception):
                     yield sse(_error_event(item))
@@ -226,10 +223,8 @@ class Serving:
                         self.gateway.metrics.itl.observe(now - last_token_at[index])
                     last_token_at[index] = now
                 yield writer.delta(state, new)
-            options = api.oai.stream_options
-            if options is not None and options.include_usage:
-                yield writer.usage(running.states)
-            yield sse("[DONE]")
+            for chunk in writer.closing(running.states):
+                yield chunk
         finally:
             await self.finish(running)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from baton.services.common.openai_protocol import ProtocolError
+from baton.services.openai.errors import ProtocolError
 
 DEFAULT_TENANT = "default"
 # Far inside the proto's int32, so a tenant's priority moved by any request's (at most

@@ -7,11 +7,13 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from baton.services.common.openai_protocol import (COMPLETION_DEFAULT_MAX_TOKENS,
-                                                   ChatCompletionRequest, CompletionRequest,
-                                                   ProtocolError, parse_request, to_engine_input)
-from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.openai.chat import ChatCompletionRequest
+from baton.services.openai.completions import COMPLETION_DEFAULT_MAX_TOKENS, CompletionRequest
+from baton.services.openai.endpoints import parse_request
+from baton.services.openai.engine_input import to_engine_input
+from baton.services.openai.errors import ProtocolError
+from baton.services.openai.render import Choice, build_response
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 MAX_LEN = 64

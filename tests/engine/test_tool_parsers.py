@@ -6,7 +6,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from baton.services.common.tool_parsers import (HermesParser, JsonArrayParser, Llama3JsonParser,
+from baton.services.openai.tool_parsers import (HermesParser, JsonArrayParser, Llama3JsonParser,
                                                 NamedFunctionParser, ToolCallStream,
                                                 message_with_calls, parser_for_model, scan_object)
 

@@ -8,10 +8,12 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from baton.services.common.openai_protocol import ProtocolError, parse_request, to_engine_input
-from baton.services.common.openai_render import Choice, build_response
 from baton.services.common.outputs import RequestOutput
-from baton.services.common.tool_parsers import HermesParser
+from baton.services.openai.endpoints import parse_request
+from baton.services.openai.engine_input import to_engine_input
+from baton.services.openai.errors import ProtocolError
+from baton.services.openai.render import Choice, build_response
+from baton.services.openai.tool_parsers import HermesParser
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Weather in Paris?"}]

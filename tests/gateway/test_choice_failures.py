@@ -10,11 +10,12 @@ import logging
 
 import pytest
 
-from baton.services.common.openai_protocol import new_response_id, parse_request, to_engine_input
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.orchestrator import Refused
 from baton.services.gateway.server import build_gateway
 from baton.services.gateway.serving import ApiRequest, Serving
+from baton.services.openai.endpoints import new_response_id, parse_request
+from baton.services.openai.engine_input import to_engine_input
 
 IN_FLIGHT = "baton_gateway_requests_in_flight"
 

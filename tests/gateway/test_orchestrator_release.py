@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from baton.services.common.handoff_client import PrefillFailed
+from baton.services.gateway.handoff_client import PrefillFailed
 from baton.services.gateway.orchestrator import (ChoiceProgress, ChoiceRequest, Orchestrator,
                                                  PrefillDeadline, Refused)
 from baton.v1 import router_pb2, worker_pb2

@@ -9,10 +9,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from baton.services.common.openai_protocol import ProtocolError
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.server import build_gateway
 from baton.services.gateway.tenants import KeyStore, Tenant
+from baton.services.openai.errors import ProtocolError
 
 ALPHA = {"Authorization": "Bearer sk-alpha"}  # priority 0, the default band: up to 0
 BANDED = {"Authorization": "Bearer sk-banded"}  # priority 1, band [-2, 3]

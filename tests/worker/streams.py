@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from baton.services.common.handoff_client import stream_tokens
+from baton.services.gateway.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from tests.launcher import Worker
 

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from baton.services.cli.main import main
-from baton.services.common.handoff_client import stream_tokens
+from baton.services.gateway.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from tests.engine.engine_helpers import random_prompts
 from tests.launcher import start_workers

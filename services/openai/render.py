@@ -1,24 +1,24 @@
-"""OpenAI response bodies for /v1/completions and /v1/chat/completions, in vLLM's shapes: the
-final body (`build_response`) and the streamed chunks (`ChunkWriter`), both made from plain `Choice`
-states.
+"""OpenAI response bodies for /v1/completions and /v1/chat/completions, in vLLM's shapes, made from
+plain `Choice` states: the final body (`build_response`), and the pieces the streamed chunks reuse
+(logprobs, usage; the chunks themselves are streaming's).
 
 The gateway fills a Choice from worker messages as they arrive; `baton run-batch` fills one from a
-finished engine output (`Choice.of`). Request parsing and validation live in openai_protocol.
+finished engine output (`Choice.of`). Each endpoint's request model is its own module.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from baton.services.common.openai_protocol import (ChatCompletionRequest, CompletionRequest,
-                                                   OpenAIRequest, new_response_id)
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.common.prompt_scoring import vllm_prompt_logprobs
-from baton.services.common.tool_parsers import ToolCallStream, ToolParser, message_with_calls
+from baton.services.openai.chat import ChatCompletionRequest
+from baton.services.openai.completions import CompletionRequest
+from baton.services.openai.endpoints import OpenAIRequest, new_response_id
+from baton.services.openai.prompt_scoring import vllm_prompt_logprobs
+from baton.services.openai.tool_parsers import ToolParser, message_with_calls
 
 # OpenAI's JSON stand-in for -inf.
 MIN_LOGPROB = -9999.0
@@ -60,6 +60,8 @@ class TokenText:
 
 def _clamp(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
+
+
 def completion_logprobs(logprobs: list[TokenLogprobs], text_of: TokenText,
                         offset: int = 0) -> dict[str, list]:
     """Completions-style logprobs; `offset` is where the first token's text starts (streamed chunks
@@ -110,7 +112,7 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def _prompt_text(request: CompletionRequest, text_of: TokenText) -> str:
+def prompt_text(request: CompletionRequest, text_of: TokenText) -> str:
     prompt = request.prompt
     return prompt if isinstance(prompt, str) else text_of.tokenizer.decode(prompt)
 
@@ -121,7 +123,7 @@ def completion_choice(request: CompletionRequest, c: Choice, index: int,
     logprobs = None if c.logprobs is None else completion_logprobs(c.logprobs, text_of)
     text = c.text
     if request.echo:
-        text = _prompt_text(request, text_of) + text
+        text = prompt_text(request, text_of) + text
         if c.logprobs is not None:
             prompt_logprobs = c.prompt_logprobs or [None]
             logprobs = echo_logprobs(c.prompt_token_ids, prompt_logprobs, c.logprobs, text_of)
@@ -189,101 +191,3 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
         body["prompt_logprobs"] = vllm_prompt_logprobs(choices[0].prompt_logprobs or [None],
                                                        text_of, _clamp)
     return body
-
-
-def sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-@dataclass
-class Delta:
-    """What one message adds to a choice while it streams."""
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs]
-    finished: bool
-
-
-class ChunkWriter:
-    """Streamed chunks in vLLM's shapes for completions and chat completions."""
-
-    def __init__(self, request: OpenAIRequest, response_id: str, model: str, text_of: TokenText,
-                 tool_parser: ToolParser | None = None) -> None:
-        self.request = request
-        self.chat = isinstance(request, ChatCompletionRequest)
-        # How chat text becomes tool-call deltas (None: it streams as content); one stream per
-        # choice.
-        self.tool_parser = (request.tool_parser(tool_parser)
-                            if isinstance(request, ChatCompletionRequest) else None)
-        self.tool_streams: dict[int, ToolCallStream] = {}
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        self.base = {"id": response_id, "object": kind, "created": int(time.time()), "model": model}
-        self.text_of = text_of
-        self.offsets: dict[int, int] = {}  # completions logprobs: text offset per choice
-        self.echo = isinstance(request, CompletionRequest) and request.echo
-
-    def _chunk(self, choice: dict[str, Any]) -> str:
-        return sse({**self.base, "choices": [choice]})
-
-    def role(self, index: int) -> str:
-        """Chat streams open each choice with the assistant role, as OpenAI's do."""
-        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None})
-
-    def delta(self, state: Choice, new: Delta) -> str:
-        """The chunk for what `new` added to `state` (already folded in)."""
-        want = self.request.logprobs_k()[1] is not None
-        finish = {"finish_reason": state.finish_reason if new.finished else None}
-        if new.finished:
-            finish["stop_reason"] = state.stop_reason
-            if self.request.scores_only:
-                finish = {"finish_reason": "length", "stop_reason": None}
-        if self.chat:
-            delta, called = self._chat_delta(state.index, new)
-            if called and finish["finish_reason"] == "stop":
-                finish["finish_reason"] = "tool_calls"
-            lp = None
-            if want:
-                lp = {"content": [chat_logprob(x, self.text_of) for x in new.logprobs]}
-            choice = {"index": state.index, "delta": delta, "logprobs": lp, **finish}
-        else:
-            choice = {"index": state.index, **self._completion_delta(state, new, want), **finish}
-        if self.request.return_token_ids:
-            choice["token_ids"] = list(new.token_ids)
-        return self._chunk(choice)
-
-    def _chat_delta(self, index: int, new: Delta) -> tuple[dict[str, Any], bool]:
-        """A chat chunk's delta, and whether the choice has called a tool so far."""
-        if self.tool_parser is None:
-            return ({"content": new.text} if new.text else {}), False
-        stream = self.tool_streams.setdefault(index, ToolCallStream(self.tool_parser))
-        return stream.feed(new.text, new.finished), stream.called
-
-    def _completion_delta(self, state: Choice, new: Delta, want: bool) -> dict[str, Any]:
-        """A completions chunk's text and logprobs; with echo, a choice's first chunk starts with
-        the prompt."""
-        text, logprobs = new.text, new.logprobs
-        # max_tokens 0: the one token run to score the prompt is not shown
-        if self.request.scores_only:
-            text, logprobs = "", []
-        first = self.echo and state.index not in self.offsets
-        if first:
-            assert isinstance(self.request, CompletionRequest)  # echo is a completions field
-            text = _prompt_text(self.request, self.text_of) + text
-        lp = None
-        if want and first:
-            lp = echo_logprobs(state.prompt_token_ids, state.prompt_logprobs or [None], logprobs,
-                               self.text_of)
-        elif want:
-            lp = completion_logprobs(logprobs, self.text_of, self.offsets.get(state.index, 0))
-        if lp is not None or first:
-            tokens = lp["tokens"] if lp is not None else []
-            offset = self.offsets.get(state.index, 0)
-            self.offsets[state.index] = offset + sum(len(t) for t in tokens)
-        return {"text": text, "logprobs": lp}
-
-    def usage(self, states: list[Choice]) -> str:
-        generated = 0 if self.request.scores_only else sum(len(s.token_ids) for s in states)
-        usage = usage_body(len(states[0].prompt_token_ids), generated,
-                           max(s.num_cached_tokens for s in states))
-        return sse({**self.base, "choices": [], "usage": usage})

@@ -1,0 +1,135 @@
+"""What every generating endpoint does with a request, in order: authenticate, read and parse the
+body, tokenize, rate-limit, serve its n choices through the orchestrator, then answer with one body
+or a stream written by the endpoint's own chunk writer. Every failure becomes OpenAI error JSON
+with its status."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from baton.services.gateway.body import parse_json, read_body
+from baton.services.gateway.errors import CLIENT_CLOSED, error_response, protocol_error_response
+from baton.services.gateway.orchestrator import Refused
+from baton.services.gateway.rate_limits import RateLimited
+from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
+from baton.services.gateway.tenants import AuthError
+from baton.services.openai.common import BaseRequest
+from baton.services.openai.endpoints import new_response_id, parse_request
+from baton.services.openai.engine_input import to_engine_input
+from baton.services.openai.errors import ProtocolError
+from baton.services.openai.render import build_response
+from baton.services.openai.streaming import ChunkWriter
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# A completion answers with JSON, or with server-sent events when the request streams.
+BODIES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A generating endpoint: its path, its request model, and the chunk writer of its streams."""
+    url: str
+    model: type[BaseRequest]
+    writer: Callable[[Serving, ApiRequest], ChunkWriter]
+
+    def openapi_extra(self) -> dict[str, Any]:
+        """The request body's schema, for /openapi.json (the route reads the raw body itself)."""
+        return {
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": self.model.model_json_schema()}}
+            }
+        }
+
+
+async def serve_endpoint(serving: Serving, endpoint: Endpoint, request: Request) -> Response:
+    gateway, started = serving.gateway, time.monotonic()
+    try:
+        response = await _handle(serving, endpoint, request, started)
+    except ProtocolError as e:
+        response = protocol_error_response(e)
+    except AuthError as e:
+        response = error_response(401, str(e), "invalid_api_key")
+    except RateLimited as e:
+        gateway.metrics.rejections.labels("rate_limit").inc()
+        response = error_response(429, str(e), "rate_limit_exceeded", retry_after_s=e.retry_after_s)
+    except Refused as e:
+        gateway.metrics.rejections.labels(e.code).inc()
+        response = error_response(e.status, e.message, e.code, retry_after_s=e.retry_after_s)
+    gateway.metrics.requests.labels(endpoint.url, str(response.status_code)).inc()
+    return response
+
+
+async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
+                  started: float) -> Response:
+    gateway = serving.gateway
+    config = gateway.config
+    # the key first: nobody without one gets the body read and parsed
+    tenant = gateway.keys.tenant_for(request.headers.get("authorization")) if gateway.keys else \
+        gateway.default_tenant()
+    raw = await read_body(request, config.max_request_body_bytes)
+    oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth))
+    if oai.model is not None and oai.model != gateway.model_name:
+        return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
+                                   f"`{gateway.model_name}`", "model_not_found", param="model")
+    priority = tenant.priority_for(oai.priority, config.max_request_priority)
+    inp = await asyncio.get_running_loop().run_in_executor(
+        gateway.tokenize_pool,
+        partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
+                config.max_logprobs, gateway.vocab_size))
+    gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
+                          len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
+    api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
+                     _trace_headers(request))
+    log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
+              len(inp.prompt_token_ids), inp.n, tenant.name, priority)
+    if oai.stream:
+        # Placement errors become HTTP statuses before the stream opens; a client that leaves
+        # before the first token (a long prefill, a queue) takes the request with it.
+        first = await _unless_disconnected(request, api, serving.start(api))
+        if first is None:
+            return Response(status_code=CLIENT_CLOSED)
+        return StreamedResponse(serving, first, endpoint.writer(serving, api))
+    body = await _collect(serving, api, request)
+    # 499 (nginx's "client closed request"): nobody reads it, but the requests counter shows it
+    return JSONResponse(body) if body is not None else Response(status_code=CLIENT_CLOSED)
+
+
+async def _unless_disconnected(request: Request, api: ApiRequest,
+                               work: Awaitable[T]) -> T | None:
+    """Awaits work; cancels it and returns None if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.25)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            log.info("request %s: client disconnected; aborted", api.response_id)
+            return None
+    return task.result()
+
+
+async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[str, Any] | None:
+    """Runs a non-streamed request; abandons it and returns None if the client goes away first."""
+    states = await _unless_disconnected(request, api, serving.collect(api))
+    if states is None:
+        return None
+    gateway = serving.gateway
+    return build_response(api.oai, states, gateway.tokenizer, gateway.model_name, api.response_id,
+                          gateway.tool_parser)
+
+
+def _trace_headers(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
