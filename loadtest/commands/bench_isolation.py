@@ -20,6 +20,7 @@ import grpc
 
 from baton.loadtest.bench.throughput import machine_info
 from baton.services.common.process import ServiceProcess, free_port, launch_service
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.gateway.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -59,7 +60,7 @@ async def _stream(decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.W
                   rid: str, prompt: list[int], max_tokens: int) -> list[float]:
     """Inter-token gaps of one request, in seconds (a message may carry one token; gaps are per
     message)."""
-    params = pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     stamps = []
     async for message in stream_tokens(decode, prefill, pb.RequestMeta(request_id=rid), prompt,
                                        params):

@@ -18,13 +18,15 @@ import random
 import time
 from pathlib import Path
 
+from baton.loadtest.commands.tables import table
 from baton.loadtest.sim.overload import bench_overload
 from baton.loadtest.sim.replay import quantile
-from baton.loadtest.commands.tables import table
 from baton.services.common.block_hash import block_hashes
+from baton.services.common.messages.router import Placement, PlaceRequest
+from baton.services.common.messages.worker import EventKind, KVEvent, KVEventBatch, LoadReport
 from baton.services.common.roles import Role
 from baton.services.router.config import RouterConfig
-from baton.services.router.router import Placement, PlaceRequest, Router
+from baton.services.router.router import Router
 
 GRPC_WORKERS = 4
 
@@ -79,22 +81,18 @@ def _decision_router(args: argparse.Namespace,
                      rng: random.Random) -> tuple[Router, list[list[int]]]:
     """A router with args.workers workers (a quarter prefill), fresh stats, and 32 prefixes of half
     the prompt length cached across them; returns it and the prefixes."""
-    from baton.v1 import worker_pb2 as wpb
-
     router = Router(RouterConfig(model="bench"))
-    far_future_ms = int((time.time() + 3600) * 1000)  # stats stay fresh for the whole run
+    far_future_s = int((time.time() + 3600) * 1000) / 1000  # stats stay fresh for the whole run
     for i in range(args.workers):
         role = Role.PREFILL if i % 4 == 0 else Role.DECODE
         router.register_worker(f"w{i}", f"10.0.0.{i}:50051", role, lease_ttl_s=float("inf"))
-        router.on_stats(
-            wpb.WorkerStats(worker_id=f"w{i}", role=int(role), timestamp_unix_ms=far_future_ms,
-                            kv_blocks_total=100_000))
+        router.on_stats(LoadReport(timestamp_s=far_future_s, kv_blocks_total=100_000,
+                                   worker_id=f"w{i}", role=role))
     prefixes = [[rng.randrange(1, 50_000) for _ in range(args.prompt_len // 2)] for _ in range(32)]
     for j, prefix in enumerate(prefixes):
         worker_id = f"w{(j * 5) % args.workers}"
-        event = wpb.KVEvent(sequence=1, kind=wpb.KVEvent.KIND_STORED,
-                            block_hashes=block_hashes(prefix, 16, "bench"))
-        router.on_kv_events(wpb.KVEventBatch(worker_id=worker_id, events=[event]))
+        event = KVEvent(1, EventKind.STORED, tuple(block_hashes(prefix, 16, "bench")))
+        router.on_kv_events(KVEventBatch(worker_id, (event,)))
     return router, prefixes
 
 

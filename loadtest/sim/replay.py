@@ -21,14 +21,15 @@ from baton.loadtest.sim.runner import SimulatedRunner
 from baton.loadtest.stats import prefix_reuse_bound
 from baton.loadtest.traces import TraceRequest
 from baton.loadtest.workloads import scaled_trace
+from baton.services.common.messages.router import Placement, PlaceRequest
+from baton.services.common.messages.worker import EventKind, KVEvent, KVEventBatch, LoadReport
 from baton.services.common.roles import Role
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import Rejection
-from baton.services.router.router import Outcome, Placement, PlaceRequest, Router
-from baton.v1 import worker_pb2 as wpb
+from baton.services.router.router import Outcome, Router
 
 POLICIES = ("prefix", "load", "round-robin")
 T0 = 1_000_000.0  # virtual epoch: far from 0 so stats timestamps look like real ones
@@ -188,25 +189,27 @@ class Replay:
         events, worker.engine.blocks.events = worker.engine.blocks.events, []
         if not events or self.policy == "round-robin":
             return
-        batch = wpb.KVEventBatch(worker_id=worker.worker_id)
+        batch = []
         for kind, block_hash in events:
             worker.sequence += 1
-            batch.events.add(
-                sequence=worker.sequence, block_hashes=[block_hash],
-                kind=wpb.KVEvent.KIND_STORED if kind == "stored" else wpb.KVEvent.KIND_REMOVED)
-        self.router.on_kv_events(batch)
+            batch.append(KVEvent(worker.sequence,
+                                 EventKind.STORED if kind == "stored" else EventKind.REMOVED,
+                                 (block_hash,)))
+        self.router.on_kv_events(KVEventBatch(worker.worker_id, tuple(batch)))
 
     def _publish_stats(self) -> None:
         while self._next_stats <= self.clock.now:
             for w in self.workers:
                 e = w.engine
+                # stamped in whole milliseconds, as a worker's stats are
                 self.router.on_stats(
-                    wpb.WorkerStats(worker_id=w.worker_id, role=wpb.ROLE_MIXED,
-                                    timestamp_unix_ms=int(self._next_stats * 1000), num_running=len(
-                                        e.scheduler.running), num_waiting=len(e.scheduler.waiting),
-                                    kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks,
-                                    kv_blocks_total=e.blocks.num_blocks,
-                                    prefill_tokens_queued=e.scheduler.prefill_tokens_queued()))
+                    LoadReport(timestamp_s=int(self._next_stats * 1000) / 1000.0,
+                               num_running=len(e.scheduler.running),
+                               num_waiting=len(e.scheduler.waiting),
+                               kv_blocks_used=e.blocks.num_blocks - e.blocks.num_free_blocks,
+                               kv_blocks_total=e.blocks.num_blocks,
+                               prefill_tokens_queued=e.scheduler.prefill_tokens_queued(),
+                               worker_id=w.worker_id, role=Role.MIXED))
             self._next_stats += self.stats_interval_s
             self.router.tick()
 

@@ -3,8 +3,8 @@ strings resolved there); the OpenAI bodies made from it are services/openai/rend
 streaming.py's."""
 from __future__ import annotations
 
-from baton.services.common.convert import (logprob_from_proto, prompt_logprobs_from_proto,
-                                           stop_reason_of)
+from baton.services.common.wire.worker import (logprob_from_proto, prompt_logprobs_from_proto,
+                                               stop_reason_of)
 from baton.services.openai.render import Choice
 from baton.services.openai.streaming import Delta
 from baton.v1 import worker_pb2 as pb

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 import grpc
 
+from baton.services.common.sampling_params import SamplingParams
+from baton.services.common.wire.worker import generate_request, handoff_request, prefill_request
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
 
@@ -27,7 +30,7 @@ class PrefillFailed(grpc.aio.AioRpcError):
                    error.details(), error.debug_error_string())
 
 
-def first_token_at_prefill(params: pb.SamplingParams) -> bool:
+def first_token_at_prefill(params: SamplingParams) -> bool:
     """Whether a hand-off's first token goes out as the prefill returns rather than after the
     hand-off. With stop strings its text may still be cut, which only the decode worker's
     detokenizer can tell."""
@@ -36,18 +39,18 @@ def first_token_at_prefill(params: pb.SamplingParams) -> bool:
 
 async def stream_tokens(
     decode: worker_pb2_grpc.WorkerStub, prefill: worker_pb2_grpc.WorkerStub | None,
-    meta: pb.RequestMeta, prompt: Sequence[int], params: pb.SamplingParams,
+    meta: pb.RequestMeta, prompt: Sequence[int], params: SamplingParams,
     metadata: Sequence[tuple[str, str]] = (), prefill_timeout_s: float | None = None
 ) -> AsyncIterator[pb.GenerateResponse]:
     """Yields the request's GenerateResponse messages, the first token included, whichever way it
     runs. gRPC errors propagate as grpc.aio.AioRpcError with the worker's status and message; those
     of the Prefill call (DEADLINE_EXCEEDED past prefill_timeout_s) as PrefillFailed."""
-    request = pb.GenerateRequest(meta=meta, prompt_token_ids=prompt, params=params)
-    if prefill is not None:
+    if prefill is None:
+        request = generate_request(meta, prompt, params)
+    else:
         try:
-            done = await prefill.Prefill(
-                pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params),
-                metadata=metadata, timeout=prefill_timeout_s)
+            done = await prefill.Prefill(prefill_request(meta, prompt, params), metadata=metadata,
+                                         timeout=prefill_timeout_s)
         except asyncio.CancelledError:
             abandon(prefill, meta.request_id)
             raise
@@ -58,12 +61,8 @@ async def stream_tokens(
             yield _finished_at_prefill(done, len(prompt))
             return
         # The prompt was scored on the prefill worker; the decode worker need not score it again.
-        request.params.ClearField("prompt_logprobs")
-        request.kv_handle.CopyFrom(done.kv_handle)
-        request.first_token_id = done.first_token_id
-        if done.HasField("first_logprob"):
-            request.first_logprob.CopyFrom(done.first_logprob)
-        request.first_token_streamed = first_token_at_prefill(params)
+        request = handoff_request(meta, prompt, replace(params, prompt_logprobs=None), done,
+                                  first_token_at_prefill(params))
     call = decode.Generate(request, metadata=metadata)  # under way before the first yield
     # Until the decode worker answers, the prefill worker's lease may be no one's to release.
     handed_off = prefill is None

@@ -7,10 +7,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
+from baton.services.common.messages.router import PlaceRequest, Release
+from baton.services.common.sampling_params import SamplingParams
+from baton.services.common.wire.router import place_request_to_proto, release_to_proto
+from baton.services.common.wire.worker import generate_request
 from baton.services.common.worker_stubs import RECONNECT_OPTIONS, WorkerStubs
 from baton.services.gateway.handoff_client import (PrefillFailed, first_token_at_prefill,
                                                    stream_tokens)
@@ -50,7 +54,7 @@ class PrefillDeadline:
 class ChoiceRequest:
     request_id: str
     prompt: list[int]
-    params: worker_pb2.SamplingParams
+    params: SamplingParams
     tenant: str
     priority: int
     cache_salt: str
@@ -103,20 +107,19 @@ class Orchestrator:
 
     async def place(self, choice: ChoiceRequest, tokens: list[int],
                     excluded: Sequence[str] = ()) -> router_pb2.Placement:
-        request = router_pb2.PlaceRequest(request_id=choice.request_id,
-                                          prompt_token_ids=choice.prompt + tokens,
-                                          tenant=choice.tenant, cache_salt=choice.cache_salt,
-                                          priority=choice.priority,
-                                          max_tokens=choice.params.max_tokens,
-                                          excluded_worker_ids=excluded,
-                                          first_token_at_prefill=first_token_at_prefill(
-                                              choice.params))
-        if choice.ttft_slo_ms is not None:
-            request.ttft_slo_ms = int(choice.ttft_slo_ms)
-        if choice.tpot_slo_ms is not None:
-            request.tpot_slo_ms = int(choice.tpot_slo_ms)
+        # the SLOs go in whole milliseconds, as the router reads them
+        ttft, tpot = choice.ttft_slo_ms, choice.tpot_slo_ms
+        request = PlaceRequest(request_id=choice.request_id,
+                               prompt_token_ids=choice.prompt + tokens, tenant=choice.tenant,
+                               cache_salt=choice.cache_salt or None, priority=choice.priority,
+                               max_tokens=choice.params.max_tokens,
+                               ttft_slo_s=int(ttft) / 1000 if ttft is not None else None,
+                               tpot_slo_s=int(tpot) / 1000 if tpot is not None else None,
+                               excluded_worker_ids=frozenset(excluded),
+                               first_token_at_prefill=first_token_at_prefill(choice.params))
         try:
-            return await self.router.Place(request, metadata=choice.metadata)
+            return await self.router.Place(place_request_to_proto(request),
+                                           metadata=choice.metadata)
         except grpc.aio.AioRpcError as e:
             raise _refusal(e, choice.request_id, "router") from None
 
@@ -173,10 +176,10 @@ class Orchestrator:
         decode = self.workers.get(placement.decode_address)
         # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
         if tokens:
-            request = worker_pb2.GenerateRequest(meta=meta, prompt_token_ids=choice.prompt,
-                                                 params=choice.params, output_token_ids=tokens)
-            request.params.ClearField("prompt_logprobs")  # the first message already carried them
-            return decode.Generate(request, metadata=choice.metadata)
+            # the first message already carried the prompt's logprobs
+            params = replace(choice.params, prompt_logprobs=None)
+            return decode.Generate(generate_request(meta, choice.prompt, params, tokens),
+                                   metadata=choice.metadata)
         remote = (placement.prefill_mode == router_pb2.PREFILL_MODE_REMOTE and
                   placement.prefill_address and not local)
         prefill = self.workers.get(placement.prefill_address) if remote else None
@@ -185,15 +188,13 @@ class Orchestrator:
 
     async def _release(self, placement: router_pb2.Placement, progress: ChoiceProgress, failed: str,
                        placed_at: float) -> None:
-        request = router_pb2.ReleaseRequest(lease_id=placement.lease_id,
-                                            output_tokens=len(progress.tokens),
-                                            failed_worker_id=failed)
         # The router learns prefill rates from placement to first token of a fresh prefill, so only
         # the placement the first token came on reports it (a later one recomputed the stream).
-        first = progress.first_token_at
+        first, ttft_s = progress.first_token_at, None
         if first is not None and first >= placed_at:
-            request.observed_ttft_ms = round((first - placed_at) * 1000)
+            ttft_s = first - placed_at
+        release = Release(placement.lease_id, ttft_s, len(progress.tokens), failed or None)
         try:
-            await self.router.Release(request, timeout=5)
+            await self.router.Release(release_to_proto(release), timeout=5)
         except grpc.aio.AioRpcError as e:  # the lease expires on the router's side anyway
             log.info("request %s: lease release failed: %s", placement.request_id, e.code().name)

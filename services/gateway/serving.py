@@ -18,7 +18,6 @@ from opentelemetry import propagate, trace
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from baton.services.common.convert import params_to_proto
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
@@ -145,7 +144,7 @@ class Serving:
         if inp.cache_salt:
             salt = f"{salt}|{inp.cache_salt}"
         return ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
-                             params_to_proto(inp.params.for_choice(state.index)), api.tenant.name,
+                             inp.params.for_choice(state.index), api.tenant.name,
                              api.priority, salt, slo.ttft_ms if slo else None,
                              slo.tpot_ms if slo else None, metadata)
 

@@ -11,18 +11,10 @@ backlog onto the decode workers, which then stall every stream they serve.
 """
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 
-
-class DisaggReason(str, enum.Enum):
-    NO_PREFILL_WORKER = "no_prefill_worker"
-    SHORT_PREFILL = "short_prefill"
-    LONG_PREFILL = "long_prefill"
-    PREFILL_POOL_BUSY = "prefill_pool_busy"
-    DECODE_KV_LOW = "decode_kv_low"
-    DECODE_BUSIER = "decode_busier"
+from baton.services.common.messages.router import DisaggReason
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,12 @@ so the index only ever compares opaque 64-bit keys.
 """
 from __future__ import annotations
 
-import enum
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-
-class EventKind(enum.IntEnum):
-    """Numbered as baton.v1.KVEvent.Kind."""
-    STORED = 1
-    REMOVED = 2
-    CLEARED = 3
+from baton.services.common.messages.worker import EventKind, KVEvent
 
 
 @dataclass
@@ -131,9 +124,9 @@ class PrefixIndex:
 
     # -- exact source ------------------------------------------------------------------------------
 
-    def apply_events(self, worker_id: str, events: Iterable[Any], gap: bool = False) -> bool:
-        """Folds a batch of baton.v1.KVEvent (or look-alikes) in; returns False when the worker
-        needs a snapshot."""
+    def apply_events(self, worker_id: str, events: Iterable[KVEvent], gap: bool = False) -> bool:
+        """Folds a batch of a worker's block events in; returns False when the worker needs a
+        snapshot."""
         state = self._exact.setdefault(worker_id, _ExactState())
         if gap:
             state.needs_resync = True
@@ -145,7 +138,7 @@ class PrefixIndex:
             if event.sequence != state.last_sequence + 1:
                 state.needs_resync = True
                 break
-            self._apply_one(worker_id, state, EventKind(event.kind), event.block_hashes)
+            self._apply_one(worker_id, state, event.kind, event.block_hashes)
             state.last_sequence = event.sequence
         return not state.needs_resync
 
@@ -162,8 +155,7 @@ class PrefixIndex:
             self._drop_exact_entries(worker_id, state)
 
     def apply_snapshot(self, worker_id: str, sequence: int, hashes: Iterable[int]) -> None:
-        """Replaces the worker's entries with a baton.v1.KVSnapshot's; events after `sequence` apply
-        next."""
+        """Replaces the worker's entries with a snapshot's; events after `sequence` apply next."""
         state = self._exact.setdefault(worker_id, _ExactState())
         self._drop_exact_entries(worker_id, state)
         state.hashes.update(hashes)

@@ -16,59 +16,26 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from baton.services.common.block_hash import block_hashes
+from baton.services.common.messages.router import Placement, PlaceRequest, PoolStats, RouterStats
+from baton.services.common.messages.worker import KVEventBatch, KVSnapshot, LoadReport
 from baton.services.common.roles import Role
 from baton.services.router.admission import Admission, AdmissionQueue, FairShare, RetryPolicy
 from baton.services.router.config import PluginSettings, RouterConfig
-from baton.services.router.disaggregation import DisaggInputs, DisaggPolicy, DisaggReason, decide
 from baton.services.router.metrics import RouterMetrics, WorkerLoadRow
-from baton.services.router.plugins.base import SchedulingRequest
+from baton.services.router.planner import Pending, Plan, Planner
 from baton.services.router.plugins.filters import default_filters
 from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.registry import scorer_class
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
-from baton.services.router.tpot_predictor import decode_join_wait_s, predict_tpot_s
 from baton.services.router.ttft_predictor import TTFTPredictor
-from baton.services.router.worker_state import (CircuitBreaker, LoadReport, SaturationLimits,
-                                                WorkerState)
-
-
-@dataclass(frozen=True)
-class PlaceRequest:
-    request_id: str
-    prompt_token_ids: Sequence[int]
-    tenant: str = ""
-    cache_salt: str | None = None
-    priority: int = 0
-    max_tokens: int = 0
-    # also the deadline for leaving the queue; None: the configured default
-    ttft_slo_s: float | None = None
-    tpot_slo_s: float | None = None  # None: the configured default
-    # workers the request's stream broke on before (a migration); never chosen again
-    excluded_worker_ids: frozenset[str] = frozenset()
-    # the caller streams a remote prefill's first token at once: no decode join wait in its TTFT
-    first_token_at_prefill: bool = False
-
-
-@dataclass(frozen=True)
-class Placement:
-    request_id: str
-    lease_id: str
-    decode_worker_id: str
-    decode_address: str
-    prefill_worker_id: str | None  # None: the decode worker computes the prompt itself
-    prefill_address: str | None
-    predicted_ttft_s: float
-    cached_tokens: int  # prompt tokens the index expects the computing worker to hold already
-    reason: str  # how the decode worker was picked: prefix_affinity, load or all_saturated
-    disagg_reason: DisaggReason
+from baton.services.router.worker_state import CircuitBreaker, SaturationLimits, WorkerState
 
 
 @dataclass(frozen=True)
@@ -78,45 +45,6 @@ class Queued:
 
 
 Outcome = Placement | Rejection
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    workers: int
-    queued_prefill_tokens: int
-    inflight_requests: int
-    mean_kv_utilization: float
-    saturated: int
-
-
-@dataclass(frozen=True)
-class RouterStats:
-    pools: dict[Role, PoolStats]
-    queued_requests: int
-    leases: int
-
-
-@dataclass
-class _Plan:
-    sreq: SchedulingRequest
-    decode: WorkerState
-    prefill: WorkerState | None
-    disagg_reason: DisaggReason
-    predicted_ttft_s: float
-    reason: str
-    saturated: bool
-
-    @property
-    def computing(self) -> WorkerState:
-        return self.prefill if self.prefill is not None else self.decode
-
-
-@dataclass
-class _Pending:
-    request: PlaceRequest
-    hashes: list[int]
-    slo_s: float | None
-    tpot_slo_s: float | None = None
 
 
 @dataclass
@@ -155,9 +83,7 @@ class Router:
                                        config.saturation_queued_prefill_tokens,
                                        config.saturation_inflight_requests,
                                        config.saturation_kv_utilization)
-        self.disagg_policy = DisaggPolicy(config.max_local_prefill_tokens,
-                                          config.max_prefill_queue_s,
-                                          config.local_prefill_kv_headroom)
+        self.planner = Planner(config, self.index, self.predictor, self.admission)
         self._rng = random.Random(config.seed)
         self.apply_plugin_settings(config.plugin_settings())
 
@@ -243,20 +169,19 @@ class Router:
 
     # -- feeds from workers ------------------------------------------------------------------------
 
-    def on_stats(self, stats: Any) -> bool:
-        """A baton.v1.WorkerStats; False when the worker is not registered (the report is
-        dropped)."""
+    def on_stats(self, report: LoadReport) -> bool:
+        """A worker's load; False when the worker is not registered (the report is dropped)."""
         with self._lock:
-            worker = self._workers.get(stats.worker_id)
+            worker = self._workers.get(report.worker_id)
             if worker is None:
                 return False
-            worker.on_stats(LoadReport.from_stats(stats), self.config.reservation_grace_s)
-            self.predictor.measured(stats.worker_id, stats.prefill_tokens_per_s)
+            worker.on_stats(report, self.config.reservation_grace_s)
+            self.predictor.measured(report.worker_id, report.prefill_tokens_per_s)
             self._dispatch(self._clock())
             return True
 
-    def on_kv_events(self, batch: Any) -> bool:
-        """A baton.v1.KVEventBatch; False when the worker must be resynced with a KVSnapshot."""
+    def on_kv_events(self, batch: KVEventBatch) -> bool:
+        """A worker's block events; False when the worker must be resynced with a KVSnapshot."""
         with self._lock:
             if batch.worker_id not in self._workers:
                 return True
@@ -265,9 +190,8 @@ class Router:
                 self.index.set_events_available(batch.worker_id, True)
             return in_sync
 
-    def on_kv_snapshot(self, snapshot: Any) -> None:
-        """A baton.v1.KVSnapshot: replaces the worker's index entries; its events resume after
-        snapshot.sequence."""
+    def on_kv_snapshot(self, snapshot: KVSnapshot) -> None:
+        """Replaces the worker's index entries; its events resume after snapshot.sequence."""
         with self._lock:
             if snapshot.worker_id in self._workers:
                 self.index.apply_snapshot(snapshot.worker_id, snapshot.sequence,
@@ -322,7 +246,7 @@ class Router:
         slo_s = req.ttft_slo_s if req.ttft_slo_s is not None else self.config.default_ttft_slo_s
         tpot_slo_s = (req.tpot_slo_s
                       if req.tpot_slo_s is not None else self.config.default_tpot_slo_s)
-        pending = _Pending(req, hashes, slo_s, tpot_slo_s)
+        pending = Pending(req, hashes, slo_s, tpot_slo_s)
         with self._lock:
             now = self._clock()
             self._dispatch(now)
@@ -330,7 +254,7 @@ class Router:
         self.metrics.decision_latency.observe(time.perf_counter() - started)
         return outcome
 
-    def _place_new(self, pending: _Pending, now: float) -> Placement | Rejection | Queued:
+    def _place_new(self, pending: Pending, now: float) -> Placement | Rejection | Queued:
         req, queue = pending.request, self.admission.queue
         plan = self._plan(pending, now)
         if isinstance(plan, Rejection):
@@ -377,78 +301,11 @@ class Router:
         rate = self.predictor.pool_tokens_per_s(self._workers)
         return self.admission.queue.tokens_ahead(priority) / rate if rate > 0 else 0.0
 
-    def _decode_fit(
-            self,
-            pending: _Pending) -> tuple[list[WorkerState], dict[str, float], Rejection | None]:
-        """The workers a plan may use: not those the request is excluded from, and not decode
-        workers whose predicted TPOT with this request misses its TPOT SLO; when the SLO leaves
-        none (while some had a prediction) the request is refused now, since waiting would not
-        shrink the batches it would join any sooner than the queue's deadline. Also the predicted
-        TPOT of every decode worker that has one."""
-        req, slo = pending.request, pending.tpot_slo_s
-        # A worker a stream broke on may still look healthy (its breaker counts one failure, and its
-        # last stats are fresh), and a migration placed back there breaks again.
-        allowed = [w for w in self._workers.values() if w.worker_id not in req.excluded_worker_ids]
-        tpot: dict[str, float] = {}
-        for w in allowed:
-            if w.role is not Role.PREFILL and (t := predict_tpot_s(w, len(req.prompt_token_ids),
-                                                                   req.max_tokens)):
-                tpot[w.worker_id] = t
-        # Decode batches fill from whoever comes first, so lower priorities stop joining sooner: a
-        # batch's last rows stay for the higher ones, as the router queue serves them first.
-        headroom = self._tpot_headroom(req.priority)
-        limit = slo * headroom if slo is not None else math.inf
-        workers = [w for w in allowed if tpot.get(w.worker_id, 0.0) <= limit]
-        if tpot and not any(w.role is not Role.PREFILL for w in workers):
-            best = min(tpot.values())
-            refusal = self._reject(
-                req.request_id, RejectReason.TPOT_SLO,
-                f"predicted time per output token {best * 1e3:.1f}ms on the least loaded decode "
-                f"worker exceeds the SLO of {slo * 1e3:.1f}ms less {1 - headroom:.0%} headroom",
-                best * req.max_tokens)
-            return workers, tpot, refusal
-        return workers, tpot, None
+    def _plan(self, pending: Pending, now: float) -> Plan | Rejection | None:
+        return self.planner.plan(pending, self._workers.values(), self._decode_picker,
+                                 self._prefill_picker, now)
 
-    def _tpot_headroom(self, priority: int) -> float:
-        c = self.config
-        return c.sheddable_tpot_slo_headroom if priority < 0 else \
-            c.critical_tpot_slo_headroom if priority > 0 else c.tpot_slo_headroom
-
-    def _plan(self, pending: _Pending, now: float) -> _Plan | Rejection | None:
-        req = pending.request
-        sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids),
-                                 self.config.block_size, now,
-                                 self.index.match_lengths(pending.hashes), req.tenant, req.priority)
-        workers, tpot, refusal = self._decode_fit(pending)
-        if refusal is not None:
-            return refusal
-        decode_pick = self._decode_picker.pick(sreq, workers)
-        if decode_pick is None:
-            return None
-        prefill_pick = self._prefill_picker.pick(sreq, workers)
-        prefill_queue_s = None
-        if prefill_pick is not None:
-            prefill_queue_s = self.predictor.predict(prefill_pick.worker.worker_id,
-                                                     prefill_pick.worker.queued_prefill_tokens(), 0)
-        decode = decode_pick.worker
-        decode_queue_s = self.predictor.predict(decode.worker_id, decode.queued_prefill_tokens(), 0)
-        decision = decide(
-            DisaggInputs(sreq.uncached_tokens(decode.worker_id), decode.free_kv_blocks(),
-                         self.config.block_size, prefill_queue_s, decode_queue_s),
-            self.disagg_policy)
-        prefill = prefill_pick.worker if decision.remote and prefill_pick is not None else None
-        computing = prefill if prefill is not None else decode
-        predicted = self.predictor.predict(computing.worker_id, computing.queued_prefill_tokens(),
-                                           sreq.uncached_tokens(computing.worker_id))
-        if prefill is None or not pending.request.first_token_at_prefill:
-            predicted += decode_join_wait_s(decode, tpot.get(decode.worker_id))
-        saturated = decode_pick.reason == "all_saturated" or (
-            prefill is not None and prefill_pick is not None and
-            prefill_pick.reason == "all_saturated")
-        return _Plan(sreq, decode, prefill, decision.reason, predicted, decode_pick.reason,
-                     saturated)
-
-    def _commit(self, plan: _Plan, pending: _Pending, now: float) -> Placement:
+    def _commit(self, plan: Plan, pending: Pending, now: float) -> Placement:
         req, sreq, bs = pending.request, plan.sreq, self.config.block_size
         lease_id = uuid.uuid4().hex
         computing = plan.computing

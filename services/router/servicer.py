@@ -1,5 +1,5 @@
-"""The Router gRPC service (baton.v1.Router) over the Router facade: proto <-> dataclass mapping,
-status codes, and the wait of queued requests.
+"""The Router gRPC service (baton.v1.Router) over the Router facade: its messages decoded and
+encoded in services/common/wire/router.py, status codes, and the wait of queued requests.
 
 The facade is called inline on the event loop (a decision takes well under a millisecond and does no
 I/O). A queued request awaits a future that the facade's on_queued_outcome callback settles; a
@@ -16,46 +16,18 @@ import math
 import grpc
 from opentelemetry import propagate, trace
 
-from baton.services.common.limits import MAX_PROMPT_TOKENS
+from baton.services.common.messages.router import Placement
 from baton.services.common.roles import Role
+from baton.services.common.wire.router import (place_request_from_proto, placement_to_proto,
+                                               release_from_proto, router_stats_to_proto)
 from baton.services.router.rejections import Rejection
-from baton.services.router.router import Outcome, Placement, PlaceRequest, Router
+from baton.services.router.router import Outcome, Router
 from baton.services.router.worker_feeds import FeedSet
 from baton.v1 import router_pb2 as pb
 from baton.v1 import router_pb2_grpc
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.router")
-REASONS = {"prefix_affinity": pb.PLACEMENT_REASON_PREFIX_AFFINITY, "load": pb.PLACEMENT_REASON_LOAD,
-           "all_saturated": pb.PLACEMENT_REASON_ALL_SATURATED}
-
-
-def placement_to_proto(p: Placement) -> pb.Placement:
-    remote = p.prefill_worker_id is not None
-    return pb.Placement(request_id=p.request_id, lease_id=p.lease_id,
-                        decode_worker_id=p.decode_worker_id, decode_address=p.decode_address,
-                        prefill_worker_id=p.prefill_worker_id or "",
-                        prefill_address=p.prefill_address or "",
-                        prefill_mode=pb.PREFILL_MODE_REMOTE if remote else pb.PREFILL_MODE_LOCAL,
-                        disaggregation_reason=p.disagg_reason.value,
-                        reason=REASONS.get(p.reason, pb.PLACEMENT_REASON_UNSPECIFIED),
-                        predicted_ttft_ms=min(2**32 - 1, round(p.predicted_ttft_s * 1000)),
-                        predicted_cached_tokens=p.cached_tokens)
-
-
-def place_request_from_proto(request: pb.PlaceRequest) -> PlaceRequest:
-    if len(request.prompt_token_ids) > MAX_PROMPT_TOKENS:
-        raise ValueError(
-            f"prompt has {len(request.prompt_token_ids)} tokens; at most {MAX_PROMPT_TOKENS} "
-            "are accepted")
-    return PlaceRequest(
-        request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
-        tenant=request.tenant, cache_salt=request.cache_salt or None, priority=request.priority,
-        max_tokens=request.max_tokens,
-        ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
-        tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
-        excluded_worker_ids=frozenset(request.excluded_worker_ids),
-        first_token_at_prefill=request.first_token_at_prefill)
 
 
 def retry_after_ms(rejection: Rejection) -> int:
@@ -176,10 +148,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def Release(self, request: pb.ReleaseRequest,
                       context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
-        ttft_s = request.observed_ttft_ms / 1000 if request.HasField("observed_ttft_ms") else None
-        output = request.output_tokens if request.HasField("output_tokens") else None
+        release = release_from_proto(request)
         try:
-            self.router.release(request.lease_id, ttft_s, output, request.failed_worker_id or None)
+            self.router.release(release.lease_id, release.observed_ttft_s, release.output_tokens,
+                                release.failed_worker_id)
         except KeyError:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no open lease {request.lease_id!r} (released "
@@ -194,13 +166,4 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def GetStats(self, request: pb.GetRouterStatsRequest,
                        context: grpc.aio.ServicerContext) -> pb.RouterStats:
-        stats = self.router.stats()
-        pools = [
-            pb.PoolStats(role=int(role), workers=p.workers,
-                         queued_prefill_tokens=p.queued_prefill_tokens,
-                         inflight_requests=p.inflight_requests,
-                         mean_kv_utilization=p.mean_kv_utilization, saturated_workers=p.saturated)
-            for role, p in stats.pools.items()
-        ]
-        return pb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
-                              leases=stats.leases)
+        return router_stats_to_proto(self.router.stats())

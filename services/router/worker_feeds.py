@@ -12,10 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 
 import grpc
 
-from baton.services.common.roles import Role
+from baton.services.common.messages.worker import LoadReport
+from baton.services.common.wire.router import (kv_events_from_proto, kv_snapshot_from_proto,
+                                               load_report_from_proto)
 from baton.services.common.worker_stubs import (RECONNECT_MAX_S, RECONNECT_MIN_S,
                                                 RECONNECT_OPTIONS)
 from baton.services.router.router import Router
@@ -62,7 +65,7 @@ class WorkerFeed:
             except grpc.aio.AioRpcError as e:
                 self._on_poll_failure(e)
             else:
-                self._on_stats(stats)
+                self._on_stats(load_report_from_proto(stats))
             await asyncio.sleep(self.poll_interval_s)
 
     def _on_poll_failure(self, error: grpc.aio.AioRpcError) -> None:
@@ -76,36 +79,36 @@ class WorkerFeed:
         if self.worker_id is not None:
             self.router.report_failure(self.worker_id)
 
-    def _on_stats(self, stats: wpb.WorkerStats) -> None:
+    def _on_stats(self, report: LoadReport) -> None:
         if self._failing:
-            log.info("worker %s at %s answers again", self.worker_id or stats.worker_id,
+            log.info("worker %s at %s answers again", self.worker_id or report.worker_id,
                      self.address)
             self._failing = False
             self._answering.set()
-        if self.discovered and not self._register(stats):
+        if self.discovered and not self._register(report):
             return
         # A registration names the worker; its stats must land under that name whatever the worker
         # calls itself.
-        stats.worker_id = self.worker_id
-        if not self.router.on_stats(stats) and self.discovered:
+        report = replace(report, worker_id=self.worker_id)
+        if not self.router.on_stats(report) and self.discovered:
             # the router dropped it (a lease ran out); a discovered worker comes back
-            self._register(stats)
-            self.router.on_stats(stats)
+            self._register(report)
+            self.router.on_stats(report)
 
-    def _register(self, stats: wpb.WorkerStats) -> bool:
-        worker_id = stats.worker_id or self.address
+    def _register(self, report: LoadReport) -> bool:
+        worker_id = report.worker_id or self.address
         try:
-            self.router.register_worker(worker_id, self.address, Role(stats.role),
-                                        model=stats.model, block_size=stats.block_size,
-                                        lease_ttl_s=float("inf"))
+            if report.role is None:
+                raise ValueError("it reports no role this router knows")
+            self.router.register_worker(worker_id, self.address, report.role, model=report.model,
+                                        block_size=report.block_size, lease_ttl_s=float("inf"))
         except ValueError as e:
             if not self._failing:
                 log.error("worker at %s not added: %s", self.address, e)
                 self._failing = True
             return False
         if self.worker_id is None:
-            log.info("worker %s (%s) discovered at %s", worker_id, Role(stats.role).label,
-                     self.address)
+            log.info("worker %s (%s) discovered at %s", worker_id, report.role.label, self.address)
         self.worker_id = worker_id
         self._identified.set()
         return True
@@ -146,8 +149,9 @@ class WorkerFeed:
         """A snapshot first, then events after it; returns when the index asks for a resync."""
         snapshot = await self._stub.GetKVSnapshot(wpb.GetKVSnapshotRequest(),
                                                   timeout=self.rpc_timeout_s)
-        snapshot.worker_id = self.worker_id
-        self.router.on_kv_snapshot(snapshot)
+        # under the name the worker registered with, whatever it calls itself
+        self.router.on_kv_snapshot(
+            replace(kv_snapshot_from_proto(snapshot), worker_id=self.worker_id))
         if self._events_lost:
             log.info("worker %s: KV events resynced from a snapshot of %d blocks", self.worker_id,
                      len(snapshot.block_hashes))
@@ -156,8 +160,8 @@ class WorkerFeed:
             wpb.StreamKVEventsRequest(after_sequence=snapshot.sequence))
         try:
             async for batch in stream:
-                batch.worker_id = self.worker_id
-                if not self.router.on_kv_events(batch):
+                events = replace(kv_events_from_proto(batch), worker_id=self.worker_id)
+                if not self.router.on_kv_events(events):
                     log.info("worker %s: KV events have a gap; resyncing from a snapshot",
                              self.worker_id)
                     return

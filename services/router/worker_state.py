@@ -11,9 +11,8 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
-from baton.services.common.decode_cost import DecodeCostFit
+from baton.services.common.messages.worker import LoadReport
 from baton.services.common.roles import Role
 
 
@@ -62,37 +61,6 @@ class CircuitBreaker:
         if half_open or self.consecutive_failures >= self.failure_threshold:
             self._opened_at = now
         self._probe_in_flight = False
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """The fields of a baton.v1.WorkerStats the router uses, copied so later proto reuse cannot
-    alter them."""
-    timestamp_s: float
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prefill_tokens_queued: int = 0
-    draining: bool = False
-    # the worker's fit of its decode step time; None before one
-    decode_cost: DecodeCostFit | None = None
-    decode_rows: int = 0
-    decode_context_tokens: int = 0
-
-    @classmethod
-    def from_stats(cls, stats: Any) -> "LoadReport":
-        """From a baton.v1.WorkerStats (or anything with its field names)."""
-        samples = getattr(stats, "decode_step_samples", 0)
-        cost = None if not samples else DecodeCostFit(
-            stats.decode_step_ms_base / 1e3, stats.decode_step_ms_per_sequence / 1e3,
-            stats.decode_step_ms_per_ktoken / 1e6, samples)
-        return cls(timestamp_s=stats.timestamp_unix_ms / 1000.0, num_running=stats.num_running,
-                   num_waiting=stats.num_waiting, kv_blocks_used=stats.kv_blocks_used,
-                   kv_blocks_total=stats.kv_blocks_total,
-                   prefill_tokens_queued=stats.prefill_tokens_queued, draining=stats.draining,
-                   decode_cost=cost, decode_rows=getattr(stats, "decode_rows", 0),
-                   decode_context_tokens=getattr(stats, "decode_context_tokens", 0))
 
 
 @dataclass(frozen=True)

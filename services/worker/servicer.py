@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 from opentelemetry import propagate, trace
 
-from baton.services.common.convert import (logprob_from_proto, output_to_proto, params_from_proto,
-                                           prefill_to_proto)
 from baton.services.common.limits import MAX_PROMPT_TOKENS
 from baton.services.common.roles import Role
+from baton.services.common.wire.worker import (logprob_from_proto, output_to_proto,
+                                               params_from_proto, prefill_to_proto)
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig

@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 import torch
 
-from baton.services.common.convert import params_from_proto, params_to_proto
 from baton.services.common.sampling_params import SamplingParams, StructuredOutput
+from baton.services.common.wire.worker import params_from_proto, params_to_proto
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.gateway.handoff_client import PrefillFailed
 from baton.services.gateway.orchestrator import (ChoiceProgress, ChoiceRequest, Orchestrator,
                                                  PrefillDeadline, Refused)
@@ -58,7 +59,7 @@ async def serve(*attempts: tuple[int, bool], router: FakeRouter | None = None,
     orchestrator = Orchestrator("127.0.0.1:1", max_migrations, PrefillDeadline(3.0, 10.0))
     orchestrator.router = router = router or FakeRouter()
     orchestrator._attempt = scripted(*attempts)
-    params = worker_pb2.SamplingParams(max_tokens=4)
+    params = SamplingParams(max_tokens=4)
     choice = ChoiceRequest("r", [1, 2, 3], params, "t", 0, "", None, None)
     try:
         async for _ in orchestrator.run(choice, ChoiceProgress()):
@@ -121,8 +122,7 @@ async def test_a_failed_prefill_falls_back_to_local_prefill_and_names_the_prefil
     orchestrator.router = router = FakeRouter()
     seen: list[tuple[str, bool]] = []
     orchestrator._attempt = prefill_failing(grpc.StatusCode.DEADLINE_EXCEEDED, seen)
-    choice = ChoiceRequest("r", [1, 2, 3], worker_pb2.SamplingParams(max_tokens=1), "t", 0, "",
-                           None, None)
+    choice = ChoiceRequest("r", [1, 2, 3], SamplingParams(max_tokens=1), "t", 0, "", None, None)
     tokens = [t async for m in orchestrator.run(choice, ChoiceProgress()) for t in m.token_ids]
     assert tokens == [7] and seen == [("lease-1", False), ("lease-1", True)]
     [release] = router.releases

@@ -21,7 +21,7 @@ from baton.services.router.config import RouterConfig
 from baton.services.router.router import Router
 from baton.services.router.server import drain_json, stats_json
 from baton.v1 import worker_pb2
-from tests.router.helpers import Clock, stats
+from tests.router.helpers import Clock, report
 
 NOW = 1_000.0
 
@@ -35,7 +35,7 @@ def router() -> Router:
                                   ("qwen-decode-b", Role.DECODE, {"running": 2, "kv_used": 300})):
         router.register_worker(worker_id, f"{worker_id}:8100", role, model="m", block_size=16)
         proto_role = worker_pb2.ROLE_PREFILL if role is Role.PREFILL else worker_pb2.ROLE_DECODE
-        assert router.on_stats(stats(worker_id, NOW, role=proto_role, **load))
+        assert router.on_stats(report(worker_id, NOW, role=proto_role, **load))
     return router
 
 

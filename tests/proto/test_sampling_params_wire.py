@@ -2,8 +2,8 @@
 nothing."""
 from dataclasses import fields
 
-from baton.services.common.convert import params_from_proto, params_to_proto
 from baton.services.common.sampling_params import SamplingParams, StructuredOutput
+from baton.services.common.wire.worker import params_from_proto, params_to_proto
 from baton.v1 import worker_pb2 as pb
 
 

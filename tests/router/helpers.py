@@ -1,10 +1,11 @@
 """Shared builders for the router tests: a settable clock and worker stats as the workers send
-them."""
+them (and as the router reads them)."""
 from __future__ import annotations
 
+from baton.services.common.messages.worker import LoadReport
 from baton.services.common.roles import Role
-from baton.services.router.worker_state import (CircuitBreaker, LoadReport, SaturationLimits,
-                                                WorkerState)
+from baton.services.common.wire.router import load_report_from_proto
+from baton.services.router.worker_state import CircuitBreaker, SaturationLimits, WorkerState
 from baton.v1 import worker_pb2
 
 LIMITS = SaturationLimits(max_stats_age_s=2.0, queued_prefill_tokens=10_000, inflight_requests=100,
@@ -31,10 +32,15 @@ def stats(worker_id: str, at: float, *, queued: int = 0, running: int = 0, waiti
                                   draining=draining, block_size=16, model="m")
 
 
+def report(worker_id: str, at: float, **load: int) -> LoadReport:
+    """stats(...) as the router's worker feed hands it on."""
+    return load_report_from_proto(stats(worker_id, at, **load))
+
+
 def worker(worker_id: str, role: Role = Role.DECODE, at: float | None = None,
            **load: int) -> WorkerState:
     """A registered worker; with `at`, it has reported stats taken at that time."""
     w = WorkerState(worker_id, f"{worker_id}:50051", role, CircuitBreaker(3, 10.0))
     if at is not None:
-        w.on_stats(LoadReport.from_stats(stats(worker_id, at, **load)))
+        w.on_stats(report(worker_id, at, **load))
     return w

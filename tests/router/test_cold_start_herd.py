@@ -9,10 +9,11 @@ from collections import Counter
 
 import pytest
 
+from baton.services.common.messages.router import PlaceRequest
 from baton.services.common.roles import Role
-from baton.services.router.router import PlaceRequest, Router
+from baton.services.router.router import Router
 
-from .helpers import Clock, stats
+from .helpers import Clock, report
 from .test_router import make_router, stored
 
 WORKERS = [f"d{i}" for i in range(4)]
@@ -28,7 +29,7 @@ def _burst(replicas: list[Router], clock: Clock, seed: int) -> Counter:
     for router in replicas:
         for w in WORKERS:
             router.register_worker(w, f"{w}:1", Role.DECODE)
-            router.on_stats(stats(w, clock(), kv_total=4096))  # idle
+            router.on_stats(report(w, clock(), kv_total=4096))  # idle
         stored(router, "d0", prefix)
     placed: list[tuple[float, str]] = []
     next_report = clock() + REPORT_EVERY_S
@@ -39,8 +40,8 @@ def _burst(replicas: list[Router], clock: Clock, seed: int) -> Counter:
             for router in replicas:
                 for w in WORKERS:
                     router.on_stats(
-                        stats(w, clock(), running=arrived[w], kv_used=20 * arrived[w],
-                              kv_total=4096))
+                        report(w, clock(), running=arrived[w], kv_used=20 * arrived[w],
+                               kv_total=4096))
             next_report += REPORT_EVERY_S
         prompt = prefix + [rng.randrange(10, 500) for _ in range(32)]
         p = replicas[i % 2].place(PlaceRequest(f"r{i}", prompt, max_tokens=256))

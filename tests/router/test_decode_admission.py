@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from baton.services.common.messages.router import Placement, PlaceRequest
 from baton.services.common.roles import Role
+from baton.services.common.wire.router import load_report_from_proto
 from baton.services.router.rejections import RejectReason, Rejection
-from baton.services.router.router import Placement, PlaceRequest, Queued
+from baton.services.router.router import Queued
 
 from .helpers import stats
 from .test_router import PROMPT, add, make_router
@@ -21,7 +23,7 @@ def decode_stats(worker_id: str, at: float, rows: int, base_ms: float = 10.0,
     s.decode_step_ms_base, s.decode_step_ms_per_sequence = base_ms, per_seq_ms
     s.decode_step_ms_per_ktoken, s.decode_step_samples = per_ktoken_ms, 32
     s.decode_rows, s.decode_context_tokens = rows, rows * 500
-    return s
+    return load_report_from_proto(s)
 
 
 def test_decode_worker_whose_batch_would_miss_the_tpot_slo_is_passed_over_then_refused():
@@ -123,7 +125,7 @@ def test_queued_request_refused_at_once_when_the_decode_pool_cannot_meet_its_tpo
 
 
 def test_place_request_carries_the_tpot_slo_from_the_proto():
-    from baton.services.router.servicer import place_request_from_proto
+    from baton.services.common.wire.router import place_request_from_proto
     from baton.v1 import router_pb2
 
     message = router_pb2.PlaceRequest(request_id="r", prompt_token_ids=[1, 2, 3], ttft_slo_ms=2000,

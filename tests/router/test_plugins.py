@@ -11,9 +11,8 @@ from baton.services.router.plugins.filters import default_filters
 from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.scorers import (InFlightRequestsScorer, KVUtilizationScorer,
                                                    PrefixOverlapScorer, QueuedPrefillTokensScorer)
-from baton.services.router.worker_state import LoadReport
 
-from .helpers import LIMITS, stats, worker
+from .helpers import LIMITS, report, worker
 
 NOW = 100.0
 
@@ -106,7 +105,7 @@ def test_sticky_until_saturated_then_spread_by_load():
     cold_counts = Counter(w for w, _ in picks[7:])
     assert "warm" not in cold_counts and sorted(cold_counts.values()) == [1, 2, 2]
     # Once the warm worker reports its queue drained, affinity resumes.
-    warm.on_stats(LoadReport.from_stats(stats("warm", NOW + 1, queued=0)))
+    warm.on_stats(report("warm", NOW + 1, queued=0))
     assert picker.pick(r, [warm, *others]).reason == "prefix_affinity"
 
 

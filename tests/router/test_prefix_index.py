@@ -5,7 +5,8 @@ import gc
 import pytest
 
 from baton.services.common.block_hash import block_hashes
-from baton.services.router.prefix_index import EventKind, PrefixIndex
+from baton.services.common.messages.worker import EventKind, KVEvent
+from baton.services.router.prefix_index import PrefixIndex
 from baton.v1 import worker_pb2
 
 from .helpers import Clock
@@ -14,8 +15,8 @@ Kind = worker_pb2.KVEvent
 STORED, REMOVED, CLEARED = Kind.KIND_STORED, Kind.KIND_REMOVED, Kind.KIND_CLEARED
 
 
-def ev(seq: int, kind: int, *hashes: int) -> worker_pb2.KVEvent:
-    return worker_pb2.KVEvent(sequence=seq, kind=kind, block_hashes=list(hashes))
+def ev(seq: int, kind: int, *hashes: int) -> KVEvent:
+    return KVEvent(seq, EventKind(kind), hashes)
 
 
 def make(ttl: float = 60.0, cap: int = 1000) -> tuple[PrefixIndex, Clock]:

@@ -6,14 +6,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from baton.services.common.block_hash import block_hashes
+from baton.services.common.messages.router import DisaggReason, Placement, PlaceRequest
 from baton.services.common.roles import Role
+from baton.services.common.wire.router import kv_events_from_proto, kv_snapshot_from_proto
 from baton.services.router.config import RouterConfig
-from baton.services.router.disaggregation import DisaggReason
 from baton.services.router.rejections import RejectReason, Rejection
-from baton.services.router.router import Placement, PlaceRequest, Queued, Router
+from baton.services.router.router import Queued, Router
 from baton.v1 import worker_pb2
 
-from .helpers import Clock, stats
+from .helpers import Clock, report
 
 PROMPT = list(range(1, 2049))  # 128 blocks of 16
 
@@ -30,13 +31,14 @@ def make_router(clock: Clock | None = None,
 
 def add(router: Router, clock: Clock, worker_id: str, role: Role = Role.DECODE, **load) -> None:
     router.register_worker(worker_id, f"{worker_id}:1", role, model="m", block_size=16)
-    router.on_stats(stats(worker_id, clock(), role=int(role), **load))
+    router.on_stats(report(worker_id, clock(), role=int(role), **load))
 
 
 def stored(router: Router, worker_id: str, tokens: list[int], salt: str | None = None) -> None:
     event = worker_pb2.KVEvent(sequence=1, kind=worker_pb2.KVEvent.KIND_STORED,
                                block_hashes=block_hashes(tokens, 16, "m", salt))
-    assert router.on_kv_events(worker_pb2.KVEventBatch(worker_id=worker_id, events=[event]))
+    assert router.on_kv_events(
+        kv_events_from_proto(worker_pb2.KVEventBatch(worker_id=worker_id, events=[event])))
 
 
 def test_placement_follows_the_cache_and_releases_its_reservation():
@@ -104,9 +106,9 @@ def test_no_workers_and_expired_registration():
     add(router, clock, "d0")
     clock.advance(4.0)
     router.heartbeat("d0")
-    router.on_stats(stats("d0", clock()))
+    router.on_stats(report("d0", clock()))
     clock.advance(4.0)
-    router.on_stats(stats("d0", clock()))  # stats still flow, but heartbeats stopped
+    router.on_stats(report("d0", clock()))  # stats still flow, but heartbeats stopped
     assert isinstance(router.place(PlaceRequest("r", PROMPT)), Placement)
     clock.advance(1.5)  # 5.5 s since the last heartbeat
     refusal = router.place(PlaceRequest("r", PROMPT))
@@ -154,7 +156,7 @@ def test_failing_worker_is_circuit_broken_then_probed():
     assert router.place(PlaceRequest("r2", PROMPT[::-1])).decode_worker_id == "d1"
     clock.advance(5.0)
     for w in ("d0", "d1"):
-        router.on_stats(stats(w, clock()))
+        router.on_stats(report(w, clock()))
     probe = router.place(PlaceRequest("probe", PROMPT))
     assert probe.decode_worker_id == "d0"  # half-open: one request goes back to the warm worker
     # the rest wait for its verdict
@@ -185,7 +187,7 @@ def test_saturated_workers_queue_then_serve_by_priority():
     assert isinstance(router.place(PlaceRequest("urgent", PROMPT, priority=3)), Queued)
     assert outcomes == []
     clock.advance(0.2)
-    router.on_stats(stats("d0", clock(), queued=0))  # room again: the urgent request goes first
+    router.on_stats(report("d0", clock(), queued=0))  # room again: the urgent request goes first
     served = [(o.request_id, type(o).__name__) for o in outcomes]
     assert served[0] == ("urgent", "Placement")
     assert registry.get_sample_value("baton_router_queue_time_seconds_count",
@@ -229,9 +231,10 @@ def test_gap_in_events_asks_for_a_snapshot():
     router, clock, _, _ = make_router()
     add(router, clock, "d0")
     batch = worker_pb2.KVEventBatch(worker_id="d0", gap=True)
-    assert not router.on_kv_events(batch)
-    router.on_kv_snapshot(worker_pb2.KVSnapshot(worker_id="d0", sequence=7,
-                                                block_hashes=block_hashes(PROMPT, 16, "m")))
+    assert not router.on_kv_events(kv_events_from_proto(batch))
+    router.on_kv_snapshot(kv_snapshot_from_proto(
+        worker_pb2.KVSnapshot(worker_id="d0", sequence=7,
+                              block_hashes=block_hashes(PROMPT, 16, "m"))))
     assert router.place(PlaceRequest("r", PROMPT)).cached_tokens == 2048
 
 
@@ -298,8 +301,8 @@ def test_two_replicas_do_not_herd_a_shared_prefix_burst():
             clock.advance(0.01)
             for router in replicas:
                 for w in workers:
-                    router.on_stats(stats(w, clock(), queued=queued[w], running=20 + placed[w],
-                                          kv_used=16 * (20 + placed[w]), kv_total=2000))
+                    router.on_stats(report(w, clock(), queued=queued[w], running=20 + placed[w],
+                                           kv_used=16 * (20 + placed[w]), kv_total=2000))
             clock.advance(0.01)
         # 16 blocks of output each
         p = replicas[i % 2].place(PlaceRequest(f"r{i}", PROMPT, max_tokens=256))

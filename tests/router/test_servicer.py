@@ -18,7 +18,7 @@ from baton.services.router.worker_feeds import FeedSet
 from baton.v1 import router_pb2 as rpb
 from baton.v1 import router_pb2_grpc
 
-from .helpers import Clock, stats
+from .helpers import Clock, report
 
 EXPORTER = InMemorySpanExporter()
 
@@ -48,7 +48,7 @@ async def _trace_and_queue() -> None:
     # queues.
     config = RouterConfig(model="m", saturation_inflight_requests=1, sticky_inflight_requests=1)
     server, router, address = await _serve(config, clock)
-    router.on_stats(stats("d0", clock()))
+    router.on_stats(report("d0", clock()))
     stub = router_pb2_grpc.RouterStub(grpc.aio.insecure_channel(address))
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("gateway") as parent:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from baton.services.common.block_hash import block_hashes
+from baton.services.common.messages.router import Placement, PlaceRequest
 from baton.services.router.config import RouterConfig
-from baton.services.router.router import PlaceRequest, Placement, Router
+from baton.services.router.router import Router
 from baton.services.router.worker_feeds import FeedSet
 from tests.launcher import SIM_MODEL, launch_sim_worker
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 
 from baton.services.common.roles import Role
-from baton.services.router.worker_state import BreakerState, CircuitBreaker, LoadReport
+from baton.services.router.worker_state import BreakerState, CircuitBreaker
 from baton.v1 import worker_pb2
 
-from .helpers import LIMITS, stats, worker
+from .helpers import LIMITS, report, worker
 
 
 def test_roles_match_the_worker_contract():
@@ -45,7 +45,7 @@ def test_reservations_count_until_a_later_report_includes_them():
     w.reserve("l2", 101.0, prefill_tokens=300, kv_blocks=5)
     assert (w.queued_prefill_tokens(), w.inflight_requests(), w.free_kv_blocks()) == (1800, 4, 885)
     # The worker's report at 100.7 already holds l1 (its own numbers say so); l2 came after it.
-    w.on_stats(LoadReport.from_stats(stats("w", 100.7, queued=1400, running=3, kv_used=110)))
+    w.on_stats(report("w", 100.7, queued=1400, running=3, kv_used=110))
     assert (w.queued_prefill_tokens(), w.inflight_requests(), w.free_kv_blocks()) == (1700, 4, 885)
     assert w.outstanding_requests == 2
     w.unreserve("l2")
@@ -57,7 +57,7 @@ def test_reservations_count_until_a_later_report_includes_them():
 
 def test_older_report_does_not_roll_the_view_back():
     w = worker("w", at=100.0, queued=50)
-    w.on_stats(LoadReport.from_stats(stats("w", 99.0, queued=7)))
+    w.on_stats(report("w", 99.0, queued=7))
     assert w.queued_prefill_tokens() == 50
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from baton.services.common.wire.worker import params_from_proto
 from baton.services.gateway.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from tests.launcher import Worker
@@ -19,7 +20,8 @@ async def collect(decode: Worker, prefill: Worker | None, request_id: str, promp
     event loop that made them, so stubs are made here, inside the test's loop.)"""
     tokens, source = [], ""
     async for message in stream_tokens(decode.stub(), prefill.stub() if prefill else None,
-                                       pb.RequestMeta(request_id=request_id), prompt, params):
+                                       pb.RequestMeta(request_id=request_id), prompt,
+                                       params_from_proto(params)):
         tokens += message.token_ids
         source = message.kv_source or source
     return tokens, source

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from baton.services.cli.main import main
+from baton.services.common.wire.worker import params_from_proto
 from baton.services.gateway.handoff_client import stream_tokens
 from baton.v1 import worker_pb2 as pb
 from tests.engine.engine_helpers import random_prompts
@@ -110,7 +111,8 @@ def test_first_token_streams_before_the_hand_off(model, prompts, mixed):
         if with_stop:
             p.stop.append("<never>")
         stream = stream_tokens(decode.stub(), prefill.stub(),
-                               pb.RequestMeta(request_id=f"early-{with_stop}"), prompts[5], p)
+                               pb.RequestMeta(request_id=f"early-{with_stop}"), prompts[5],
+                               params_from_proto(p))
         decode.service.process.send_signal(signal.SIGSTOP)
         try:
             first = await asyncio.wait_for(anext(stream), 3 if with_stop else 60)

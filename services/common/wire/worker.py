@@ -1,8 +1,11 @@
-"""Between the gRPC messages (baton.v1) and the plain shared types (sampling parameters, outputs,
-logprobs)."""
+"""The Worker contract's messages (worker.proto) to and from the plain shared types: sampling
+parameters, outputs and logprobs, and the Prefill and Generate calls the gateway makes. The one
+place they convert: the worker's servicer decodes its requests and encodes its answers here, the
+gateway its calls. (The KV handle inside them is the workers' own: its type carries the engine's
+cache layout, so it converts beside the transports, services/worker/kv_transfer/base.py.)"""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
@@ -118,3 +121,30 @@ def output_to_proto(out: RequestOutput, kv_source: str) -> pb.GenerateResponse:
         message.prompt_logprobs.extend(prompt_logprobs_to_proto(out.prompt_logprobs))
     set_stop_reason(message, out.stop_reason)
     return message
+
+
+def prefill_request(meta: pb.RequestMeta, prompt: Sequence[int],
+                    params: SamplingParams) -> pb.PrefillRequest:
+    return pb.PrefillRequest(meta=meta, prompt_token_ids=prompt, params=params_to_proto(params))
+
+
+def generate_request(meta: pb.RequestMeta, prompt: Sequence[int], params: SamplingParams,
+                     output_token_ids: Sequence[int] = ()) -> pb.GenerateRequest:
+    """A Generate that computes the prompt on the decode worker; with output_token_ids (a
+    migration), the tokens already streamed, which it recomputes and continues after."""
+    return pb.GenerateRequest(meta=meta, prompt_token_ids=prompt, params=params_to_proto(params),
+                              output_token_ids=output_token_ids)
+
+
+def handoff_request(meta: pb.RequestMeta, prompt: Sequence[int], params: SamplingParams,
+                    prefilled: pb.PrefillResponse,
+                    first_token_streamed: bool) -> pb.GenerateRequest:
+    """A Generate that continues a remote prefill: its KV handle, its first token and that token's
+    logprob; `first_token_streamed` when the caller already sent the first token on."""
+    request = generate_request(meta, prompt, params)
+    request.kv_handle.CopyFrom(prefilled.kv_handle)
+    request.first_token_id = prefilled.first_token_id
+    if prefilled.HasField("first_logprob"):
+        request.first_logprob.CopyFrom(prefilled.first_logprob)
+    request.first_token_streamed = first_token_streamed
+    return request

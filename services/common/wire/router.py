@@ -1,0 +1,134 @@
+"""The Router contract's messages (router.proto) and the worker messages the router reads
+(worker.proto's WorkerStats, KVEventBatch, KVSnapshot) to and from their plain values
+(services/common/messages/). The one place they convert: the gateway encodes its Place and Release
+calls here, the router decodes them and encodes its answers, and the router's worker feeds decode
+what the workers report."""
+from __future__ import annotations
+
+from baton.services.common.decode_cost import DecodeCostFit
+from baton.services.common.limits import MAX_PROMPT_TOKENS
+from baton.services.common.messages.router import (Placement, PlaceRequest, Release,
+                                                   RouterStats)
+from baton.services.common.messages.worker import (EventKind, KVEvent, KVEventBatch, KVSnapshot,
+                                                   LoadReport)
+from baton.services.common.roles import Role
+from baton.v1 import router_pb2 as rpb
+from baton.v1 import worker_pb2 as wpb
+
+PLACEMENT_REASONS = {"prefix_affinity": rpb.PLACEMENT_REASON_PREFIX_AFFINITY,
+                     "load": rpb.PLACEMENT_REASON_LOAD,
+                     "all_saturated": rpb.PLACEMENT_REASON_ALL_SATURATED}
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as the wire's whole milliseconds (a value that came as milliseconds goes back
+    unchanged)."""
+    return round(seconds * 1000)
+
+
+def place_request_to_proto(req: PlaceRequest) -> rpb.PlaceRequest:
+    # sorted: a set has no order of its own, and the same request should make the same message
+    message = rpb.PlaceRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                               tenant=req.tenant, cache_salt=req.cache_salt or "",
+                               priority=req.priority, max_tokens=req.max_tokens,
+                               excluded_worker_ids=sorted(req.excluded_worker_ids),
+                               first_token_at_prefill=req.first_token_at_prefill)
+    if req.ttft_slo_s is not None:
+        message.ttft_slo_ms = _ms(req.ttft_slo_s)
+    if req.tpot_slo_s is not None:
+        message.tpot_slo_ms = _ms(req.tpot_slo_s)
+    return message
+
+
+def place_request_from_proto(request: rpb.PlaceRequest) -> PlaceRequest:
+    """ValueError for a prompt longer than any worker accepts, before it is copied."""
+    if len(request.prompt_token_ids) > MAX_PROMPT_TOKENS:
+        raise ValueError(
+            f"prompt has {len(request.prompt_token_ids)} tokens; at most {MAX_PROMPT_TOKENS} "
+            "are accepted")
+    return PlaceRequest(
+        request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
+        tenant=request.tenant, cache_salt=request.cache_salt or None, priority=request.priority,
+        max_tokens=request.max_tokens,
+        ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
+        tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
+        excluded_worker_ids=frozenset(request.excluded_worker_ids),
+        first_token_at_prefill=request.first_token_at_prefill)
+
+
+def placement_to_proto(p: Placement) -> rpb.Placement:
+    remote = p.prefill_worker_id is not None
+    return rpb.Placement(
+        request_id=p.request_id, lease_id=p.lease_id, decode_worker_id=p.decode_worker_id,
+        decode_address=p.decode_address, prefill_worker_id=p.prefill_worker_id or "",
+        prefill_address=p.prefill_address or "",
+        prefill_mode=rpb.PREFILL_MODE_REMOTE if remote else rpb.PREFILL_MODE_LOCAL,
+        disaggregation_reason=p.disagg_reason.value,
+        reason=PLACEMENT_REASONS.get(p.reason, rpb.PLACEMENT_REASON_UNSPECIFIED),
+        predicted_ttft_ms=min(2**32 - 1, round(p.predicted_ttft_s * 1000)),
+        predicted_cached_tokens=p.cached_tokens)
+
+
+def release_to_proto(release: Release) -> rpb.ReleaseRequest:
+    message = rpb.ReleaseRequest(lease_id=release.lease_id,
+                                 failed_worker_id=release.failed_worker_id or "")
+    if release.output_tokens is not None:
+        message.output_tokens = release.output_tokens
+    if release.observed_ttft_s is not None:
+        message.observed_ttft_ms = _ms(release.observed_ttft_s)
+    return message
+
+
+def release_from_proto(request: rpb.ReleaseRequest) -> Release:
+    return Release(
+        lease_id=request.lease_id,
+        observed_ttft_s=(request.observed_ttft_ms / 1000
+                         if request.HasField("observed_ttft_ms") else None),
+        output_tokens=request.output_tokens if request.HasField("output_tokens") else None,
+        failed_worker_id=request.failed_worker_id or None)
+
+
+def router_stats_to_proto(stats: RouterStats) -> rpb.RouterStats:
+    pools = [
+        rpb.PoolStats(role=int(role), workers=p.workers,
+                      queued_prefill_tokens=p.queued_prefill_tokens,
+                      inflight_requests=p.inflight_requests,
+                      mean_kv_utilization=p.mean_kv_utilization, saturated_workers=p.saturated)
+        for role, p in stats.pools.items()
+    ]
+    return rpb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
+                           leases=stats.leases)
+
+
+def _role(value: int) -> Role | None:
+    try:
+        return Role(value)
+    except ValueError:  # unspecified, or newer than this router
+        return None
+
+
+def load_report_from_proto(stats: wpb.WorkerStats) -> LoadReport:
+    samples = stats.decode_step_samples
+    cost = None if not samples else DecodeCostFit(
+        stats.decode_step_ms_base / 1e3, stats.decode_step_ms_per_sequence / 1e3,
+        stats.decode_step_ms_per_ktoken / 1e6, samples)
+    return LoadReport(timestamp_s=stats.timestamp_unix_ms / 1000.0, num_running=stats.num_running,
+                      num_waiting=stats.num_waiting, kv_blocks_used=stats.kv_blocks_used,
+                      kv_blocks_total=stats.kv_blocks_total,
+                      prefill_tokens_queued=stats.prefill_tokens_queued, draining=stats.draining,
+                      decode_cost=cost, decode_rows=stats.decode_rows,
+                      decode_context_tokens=stats.decode_context_tokens,
+                      worker_id=stats.worker_id, role=_role(stats.role), model=stats.model,
+                      block_size=stats.block_size,
+                      prefill_tokens_per_s=stats.prefill_tokens_per_s)
+
+
+def kv_events_from_proto(batch: wpb.KVEventBatch) -> KVEventBatch:
+    """ValueError for an event of a kind this router does not know."""
+    events = tuple(KVEvent(e.sequence, EventKind(e.kind), tuple(e.block_hashes))
+                   for e in batch.events)
+    return KVEventBatch(batch.worker_id, events, batch.gap)
+
+
+def kv_snapshot_from_proto(snapshot: wpb.KVSnapshot) -> KVSnapshot:
+    return KVSnapshot(snapshot.worker_id, snapshot.sequence, tuple(snapshot.block_hashes))
