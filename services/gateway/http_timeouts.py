@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -48,6 +48,74 @@ def _timeout_response(what: str, limit_s: float) -> bytes:
     return head.encode() + body
 
 
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each phase of a connection; timed_protocol makes
+    the subclass that carries the deadlines."""
+    limits: ClassVar[dict[str, float]]  # by phase: idle, header, body
+    answers: ClassVar[dict[str, bytes]]  # the 408 for a late header or body
+    on_timeout: ClassVar[Callable[[str], None]]
+    _phase: str | None = None
+    _timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        self._follow()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _phase_now(self) -> str | None:
+        their = self.conn.their_state
+        if their is h11.SEND_BODY:
+            return "body"
+        if their is h11.IDLE and self.conn.our_state is h11.IDLE:
+            return "header" if self.conn.trailing_data[0] else "idle"
+        return None  # the request is in; the application has it
+
+    def _follow(self) -> None:
+        """Starts the deadline of the phase the connection is in; one already running for this
+        phase keeps running."""
+        phase = self._phase_now() if not self.transport.is_closing() else None
+        if phase == self._phase:
+            return
+        self._disarm()
+        self._phase = phase
+        if phase is not None:
+            self._timer = self.loop.call_later(self.limits[phase], self._expire, phase)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._phase = None, None
+
+    def _expire(self, phase: str) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if phase != "idle":
+            self.on_timeout(phase)
+            log.info("connection from %s closed: the request's %s did not arrive within "
+                     "%g s%s", _address(self.client), "head" if phase == "header" else "body",
+                     self.limits[phase], self._request_line() if phase == "body" else "")
+            # A response under way cannot be replaced by another.
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                self.transport.write(self.answers[phase])
+        self.transport.close()
+
+    def _request_line(self) -> str:
+        scope: Any = self.scope
+        return f" ({scope['method']} {scope['path']})"
+
+
 def timed_protocol(deadlines: Deadlines,
                    on_timeout: Callable[[str], None]) -> type[H11Protocol]:
     """An h11 protocol class for uvicorn (`Config(http=...)`) that enforces `deadlines`;
@@ -55,70 +123,8 @@ def timed_protocol(deadlines: Deadlines,
     limits = {"idle": deadlines.idle_s, "header": deadlines.header_s, "body": deadlines.body_s}
     answers = {"header": _timeout_response("head", deadlines.header_s),
                "body": _timeout_response("body", deadlines.body_s)}
-
-    class TimedH11Protocol(H11Protocol):
-        _phase: str | None = None
-        _timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)
-            self._follow()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._follow()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._follow()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _phase_now(self) -> str | None:
-            their = self.conn.their_state
-            if their is h11.SEND_BODY:
-                return "body"
-            if their is h11.IDLE and self.conn.our_state is h11.IDLE:
-                return "header" if self.conn.trailing_data[0] else "idle"
-            return None  # the request is in; the application has it
-
-        def _follow(self) -> None:
-            """Starts the deadline of the phase the connection is in; one already running for
-            this phase keeps running."""
-            phase = self._phase_now() if not self.transport.is_closing() else None
-            if phase == self._phase:
-                return
-            self._disarm()
-            self._phase = phase
-            if phase is not None:
-                self._timer = self.loop.call_later(limits[phase], self._expire, phase)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer, self._phase = None, None
-
-        def _expire(self, phase: str) -> None:
-            self._timer = None
-            if self.transport.is_closing():
-                return
-            if phase != "idle":
-                on_timeout(phase)
-                log.info("connection from %s closed: the request's %s did not arrive within "
-                         "%g s%s", _address(self.client), "head" if phase == "header" else "body",
-                         limits[phase], self._request_line() if phase == "body" else "")
-                # A response under way cannot be replaced by another.
-                if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    self.transport.write(answers[phase])
-            self.transport.close()
-
-        def _request_line(self) -> str:
-            scope: Any = self.scope
-            return f" ({scope['method']} {scope['path']})"
-
-    return TimedH11Protocol
+    return type("TimedH11Protocol", (TimedH11Protocol,),
+                {"limits": limits, "answers": answers, "on_timeout": staticmethod(on_timeout)})
 
 
 def _address(client: tuple[str, int] | None) -> str:

@@ -98,6 +98,37 @@ def _config_poller(router: Router, watcher: ConfigWatcher):
     return poll
 
 
+def _discover(service: RouterServiceConfig, feeds: FeedSet,
+              loop: asyncio.AbstractEventLoop) -> EndpointSliceWatcher | None:
+    """Feeds for the static workers, and the EndpointSlice watcher when one is configured."""
+    if service.workers:
+        feeds.set_discovered(parse_static(service.workers))
+    if not service.kube_label_selector:
+        return None
+    watcher = EndpointSliceWatcher(
+        service.kube_namespace, service.kube_label_selector, service.kube_port_name,
+        lambda addresses: loop.call_soon_threadsafe(feeds.set_discovered, addresses))
+    watcher.start()
+    return watcher
+
+
+def _background(service: RouterServiceConfig, config: RouterConfig, router: Router,
+                feeds: FeedSet) -> list[asyncio.Task]:
+    """The housekeeping tick and, with a plugin file, its reload."""
+
+    def tick() -> None:
+        router.tick()
+        feeds.reconcile(router.members())
+
+    tasks = [asyncio.ensure_future(_every(service.tick_interval_s, tick))]
+    if config.plugin_config_file is not None:
+        poll = _config_poller(router,
+                              ConfigWatcher(config.plugin_config_file, config.plugin_settings()))
+        poll()
+        tasks.append(asyncio.ensure_future(_every(config.config_poll_interval_s, poll)))
+    return tasks
+
+
 async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
     setup_tracing("baton-router")
     loop = asyncio.get_running_loop()
@@ -123,25 +154,8 @@ async def serve(service: RouterServiceConfig, config: RouterConfig) -> int:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    if service.workers:
-        feeds.set_discovered(parse_static(service.workers))
-    watcher = None
-    if service.kube_label_selector:
-        watcher = EndpointSliceWatcher(
-            service.kube_namespace, service.kube_label_selector, service.kube_port_name,
-            lambda addresses: loop.call_soon_threadsafe(feeds.set_discovered, addresses))
-        watcher.start()
-
-    def tick() -> None:
-        router.tick()
-        feeds.reconcile(router.members())
-
-    tasks = [asyncio.ensure_future(_every(service.tick_interval_s, tick))]
-    if config.plugin_config_file is not None:
-        poll = _config_poller(router,
-                              ConfigWatcher(config.plugin_config_file, config.plugin_settings()))
-        poll()
-        tasks.append(asyncio.ensure_future(_every(config.config_poll_interval_s, poll)))
+    watcher = _discover(service, feeds, loop)
+    tasks = _background(service, config, router, feeds)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
