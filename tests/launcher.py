@@ -34,7 +34,11 @@ ONE_THREAD = {"BATON_NUM_THREADS": "1"}
 
 def scrape(url: str, name: str, **labels: str) -> float:
     """Sum of a metric's samples (those matching `labels`) from a live /metrics scrape."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sample_sum(urllib.request.urlopen(url, timeout=10).read().decode(), name, **labels)
+
+
+def sample_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (those matching `labels`) in one /metrics page."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name) or line[len(name)] not in " {":
