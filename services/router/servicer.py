@@ -203,4 +203,5 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             for role, p in stats.pools.items()
         ]
         return pb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
-                              leases=stats.leases)
+                              leases=stats.leases, model=stats.model,
+                              max_model_len=stats.max_model_len)

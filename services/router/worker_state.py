@@ -79,6 +79,7 @@ class LoadReport:
     decode_cost: DecodeCostFit | None = None
     decode_rows: int = 0
     decode_context_tokens: int = 0
+    max_model_len: int = 0  # the longest sequence the worker accepts; 0: not reported
 
     @classmethod
     def from_stats(cls, stats: Any) -> "LoadReport":
@@ -92,7 +93,8 @@ class LoadReport:
                    kv_blocks_total=stats.kv_blocks_total,
                    prefill_tokens_queued=stats.prefill_tokens_queued, draining=stats.draining,
                    decode_cost=cost, decode_rows=getattr(stats, "decode_rows", 0),
-                   decode_context_tokens=getattr(stats, "decode_context_tokens", 0))
+                   decode_context_tokens=getattr(stats, "decode_context_tokens", 0),
+                   max_model_len=getattr(stats, "max_model_len", 0))
 
 
 @dataclass(frozen=True)

@@ -328,3 +328,20 @@ def test_concurrent_placements_keep_the_books_straight():
     for lease in leases:
         router.release(lease)
     assert router.stats().leases == 0 and router.stats().pools[Role.DECODE].inflight_requests == 0
+
+
+def test_stats_carry_the_smallest_limit_the_live_workers_report():
+    """The gateway's context limit comes from here: a request must fit whichever worker it lands
+    on, and a worker whose registration lapsed no longer counts."""
+    router, clock, _, _ = make_router()
+    for worker_id, lease_s in (("d0", float("inf")), ("d1", 5.0)):
+        router.register_worker(worker_id, f"{worker_id}:1", Role.DECODE, model="m", block_size=16,
+                               lease_ttl_s=lease_s)
+    assert (router.stats().model, router.stats().max_model_len) == ("m", 0)
+    for worker_id, limit in (("d0", 4096), ("d1", 256)):
+        report = stats(worker_id, clock())
+        report.max_model_len = limit
+        router.on_stats(report)
+    assert router.stats().max_model_len == 256
+    clock.advance(6.0)  # d1's registration has run out; d0 is a static worker
+    assert router.stats().max_model_len == 4096
