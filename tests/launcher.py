@@ -7,10 +7,12 @@
 Plus what every caller needs around them: metric scrapes, stopping, waiting for a condition."""
 from __future__ import annotations
 
-import argparse
+import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -18,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 
 from baton.services.cli import serve
+from baton.services.cli.main import build_parser
+from baton.services.cli.serve_config import resolve
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 from baton.v1 import worker_pb2_grpc
 
@@ -34,7 +39,11 @@ ONE_THREAD = {"BATON_NUM_THREADS": "1"}
 
 def scrape(url: str, name: str, **labels: str) -> float:
     """Sum of a metric's samples (those matching `labels`) from a live /metrics scrape."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sample_sum(urllib.request.urlopen(url, timeout=10).read().decode(), name, **labels)
+
+
+def sample_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (those matching `labels`) in one /metrics page."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name) or line[len(name)] not in " {":
@@ -104,21 +113,72 @@ def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 
                 worker_arg: tuple[str, ...] = ("--num-kv-blocks=512",),
                 router_args: list[str] | None = None,
                 gateway_args: list[str] | None = None) -> Stack:
+    """The stack `baton serve` starts from these arguments, its gateway on a free port."""
     metrics_port = free_port()
-    args = argparse.Namespace(mode=mode, prefill_workers=1, decode_workers=decode_workers,
-                              kv_transport=kv_transport, host="127.0.0.1", port=free_port(),
-                              worker_arg=list(worker_arg), router_arg=router_args or [],
-                              gateway_arg=[f"--metrics-port={metrics_port}", *(gateway_args or [])],
-                              gpu_memory_utilization=0.9, prefill_memory_share=None,
-                              api_keys_file=str(api_keys_file) if api_keys_file else None)
+    argv = ["serve", str(model), "--mode", mode, "--decode-workers", str(decode_workers),
+            "--kv-transport", kv_transport, "--port", str(free_port()),
+            *(f"--worker-arg={a}" for a in worker_arg),
+            *(f"--router-arg={a}" for a in router_args or []),
+            f"--gateway-arg=--metrics-port={metrics_port}",
+            *(f"--gateway-arg={a}" for a in gateway_args or []),
+            *(["--api-keys-file", str(api_keys_file)] if api_keys_file else [])]
+    settings = resolve(build_parser("serve").parse_args(argv))
     services: list[ServiceProcess] = []
     try:
-        serve.start_stack(args, str(model), model.name, services)
+        serve.start_stack(settings, str(model), model.name, services)
     except BaseException:
         for service in services:
             service.terminate()
         raise
-    return Stack(services, args.port, metrics_port)
+    return Stack(services, settings.gateway.port, metrics_port)
+
+
+class ServeCommand:
+    """`baton serve ARGS` as a user starts it, its output kept; its gateway on a free port, given
+    as --port or (port_variable) as BATON_PORT."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 port_variable: bool = False) -> None:
+        self.port = free_port()
+        port_flag = [] if port_variable else ["--port", str(self.port)]
+        port_env = {"BATON_PORT": str(self.port)} if port_variable else {}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "baton.services.cli.main", "serve", *port_flag, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **ONE_THREAD, **port_env, **(env or {})})
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+            if line.startswith("baton serve ready"):
+                self.ready.set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def children(self) -> list[list[str]]:
+        """The command lines of the services it runs now."""
+        return [child.cmdline() for child in psutil.Process(self.process.pid).children()]
+
+    def decode_workers(self) -> dict[int, int]:
+        """pid -> metrics port of each decode worker running now."""
+        workers = {}
+        for child in psutil.Process(self.process.pid).children():
+            command = child.cmdline()
+            if "decode" in command:
+                workers[child.pid] = int(command[command.index("--metrics-port") + 1])
+        return workers
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
 # -- engine workers -------------------------------------------------------------------------------

@@ -11,12 +11,13 @@ from baton.services.common.settings import BatonSettings
 
 # (command, "module:Class") in the order the page lists them.
 SETTINGS = (
-    ("baton worker, baton run-batch, baton bench throughput (engine)",
+    ("baton serve", "baton.services.cli.serve_config:ServeConfig"),
+    ("baton worker, baton serve, baton run-batch, baton bench throughput (engine)",
      "baton.services.engine.config:EngineConfig"),
     ("baton worker", "baton.services.worker.config:WorkerConfig"),
     ("baton router (service)", "baton.services.router.server:RouterServiceConfig"),
     ("baton router (policy)", "baton.services.router.config:RouterConfig"),
-    ("baton gateway", "baton.services.gateway.config:GatewayConfig"),
+    ("baton gateway, baton serve", "baton.services.gateway.config:GatewayConfig"),
     ("baton operator", "baton.operators.settings:OperatorSettings"),
 )
 
@@ -25,6 +26,28 @@ def settings_class(path: str) -> type[BatonSettings]:
     """The class a SETTINGS entry names ("module:Class")."""
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _serve_note() -> list[str]:
+    from baton.services.cli.serve_config import GATEWAY_EXCLUDED, PASS_THROUGH, gateway_flags
+
+    def flags(names: list[str] | tuple[str, ...]) -> str:
+        return ", ".join(f"`--{n.replace('_', '-')}`" for n in names)
+
+    return [
+        "`baton serve` also takes every `EngineConfig` setting below, passed to each worker, and "
+        f"these `GatewayConfig` ones, passed to the gateway: {flags(gateway_flags())} (not "
+        f"{flags(GATEWAY_EXCLUDED)}, which it sets per process; without `--api-keys-file` or "
+        "`--auth` the stack takes no keys). Each comes from its flag, else "
+        "its `BATON_<NAME>` variable, else `--config FILE` (YAML keyed by flag name: "
+        "`max-model-len: 4096`), else its default. The model may also be given first, as in "
+        f"`baton serve DIR`. {flags(tuple(PASS_THROUGH))} pass arguments on as they are "
+        "(repeatable; the role's own after `--worker-arg`).", ""
+    ]
+
+
+# Paragraphs after a class's table.
+NOTES = {"baton.services.cli.serve_config:ServeConfig": _serve_note}
 
 
 def _cell(text: str) -> str:
@@ -36,7 +59,10 @@ def render() -> str:
         "# Configuration", "",
         "Every setting is a command-line flag and a `BATON_<NAME>` environment variable; a flag "
         "wins over the",
-        "variable, the variable over the default. This page is generated from the settings classes",
+        "variable, the variable over the default (for `baton serve`, over its `--config` file, "
+        "then the default).",
+        "A `BATON_*` variable that is no setting gets a warning when any `baton` command starts.",
+        "This page is generated from the settings classes",
         "(`python -m baton.services.cli.config_docs`); their field descriptions are the only "
         "source.",
         ""
@@ -52,6 +78,7 @@ def render() -> str:
             lines.append(f"| `{flag}` | `BATON_{name.upper()}` | `{_cell(repr(field.default))}` | "
                          f"{_cell(field.description or '')} |")
         lines.append("")
+        lines += NOTES[path]() if path in NOTES else []
     return "\n".join(lines)
 
 

@@ -6,26 +6,42 @@ import importlib
 import logging
 import sys
 
-# Each subcommand (the module name with '-' for '_') and its module, which defines
-# register(subparsers) and sets a `func` default. Benchmarks and load generators drive the services
-# from outside, so their commands live in baton.loadtest.
-_SERVICE_COMMANDS = ("make_tiny_model", "run_batch", "worker", "operator", "router", "gateway",
-                     "serve")
-_LOAD_COMMANDS = ("bench", "loadtest", "loadtest_compare")
-SUBCOMMAND_MODULES = {
-    **{name: f"baton.services.cli.{name}" for name in _SERVICE_COMMANDS},
-    **{name: f"baton.loadtest.commands.{name}" for name in _LOAD_COMMANDS},
+# Each subcommand, its module (which defines register(subparsers) and sets a `func` default) and
+# its line in `baton --help`, which imports none of them: some import torch and transformers,
+# seconds that `baton --help` should not wait for (tests/test_cli_help.py keeps these lines equal
+# to each module's own). Benchmarks and load generators drive the services from outside, so their
+# commands live in baton.loadtest.
+COMMANDS = {
+    "serve": ("baton.services.cli.serve",
+              "run the whole stack (workers, router, gateway) on this machine"),
+    "worker": ("baton.services.cli.worker",
+               "serve an engine over gRPC (prefill, decode or mixed role)"),
+    "router": ("baton.services.cli.router",
+               "serve prefix-aware placement and admission control over gRPC"),
+    "gateway": ("baton.services.cli.gateway", "serve the OpenAI-compatible HTTP API"),
+    "operator": ("baton.services.cli.operator", "run the Kubernetes operator"),
+    "run_batch": ("baton.services.cli.run_batch", "run an OpenAI batch file (JSONL) offline"),
+    "make_tiny_model": ("baton.services.cli.make_tiny_model",
+                        "write a tiny random Hugging Face checkpoint"),
+    "bench": ("baton.loadtest.commands.bench", "benchmarks"),
+    "loadtest": ("baton.loadtest.commands.loadtest", "load-test an OpenAI-compatible server"),
+    "loadtest_compare": ("baton.loadtest.commands.loadtest_compare",
+                         "compare load-test sweeps side by side"),
 }
+SUBCOMMAND_MODULES = {name: module for name, (module, _) in COMMANDS.items()}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser for every subcommand, or for `only` one: some modules import torch and
-    transformers, which a router or gateway process should not wait seconds for."""
+    """The parser for `only` one subcommand (its module imported), or, with None, the top-level
+    parser whose subcommands are their `baton --help` lines (nothing imported)."""
     parser = argparse.ArgumentParser(prog="baton", description="Baton: disaggregated LLM serving")
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES if only is None else (only,):
-        importlib.import_module(SUBCOMMAND_MODULES[name]).register(subparsers)
+    if only is not None:
+        importlib.import_module(SUBCOMMAND_MODULES[only]).register(subparsers)
+        return parser
+    for name, (_, summary) in COMMANDS.items():
+        subparsers.add_parser(name.replace("_", "-"), help=summary)
     return parser
 
 
@@ -42,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(_requested(argv)).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from baton.services.cli.environment import warn_unknown_variables
+
+    warn_unknown_variables()
     return int(args.func(args) or 0)
 
 

@@ -1,9 +1,12 @@
-"""`baton serve`: the whole stack on one machine, as local processes on loopback: workers (a prefill
-and a decode pool, or mixed workers), the router and the gateway. It waits until all are ready,
-prints the URL and a sample request, and stops everything (gateway first, workers last, each
-draining) on Ctrl-C or SIGTERM. A service that dies meanwhile is restarted on its ports, with a
-back-off, while the others keep serving; one that keeps dying (more than --max-restarts times within
---restart-window-s) stops the stack with an error.
+"""`baton serve [MODEL] [flags]`: the whole stack on one machine, as local processes on loopback:
+workers (a prefill and a decode pool, or mixed workers), the router and the gateway. It takes the
+engine's and the gateway's settings under vLLM's flag names (or BATON_* variables, or a --config
+file) and passes each to the processes that read it. It checks the model folder, the gateway's port
+and every process's flags before starting any, waits until all are ready, prints the URL and a
+sample request, and stops everything (gateway first, workers last, each draining) on Ctrl-C or
+SIGTERM. A service that dies meanwhile is restarted on its ports, with a back-off, while the others
+keep serving; one that keeps dying (more than --max-restarts times within --restart-window-s) stops
+the stack with an error.
 
 On a GPU every worker runs on the same (first visible) device, so each gets a share of its memory:
 the workers together may use --gpu-memory-utilization of it, the prefill pool --prefill-memory-share
@@ -16,69 +19,40 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
+from baton.services.cli.serve_config import ServeSettings, add_arguments, resolve
+from baton.services.cli.serve_preflight import (check_command, check_keys_file, check_model,
+                                                check_port)
 from baton.services.common.process import ServiceProcess, free_port, launch_service
+from baton.services.common.settings import settings_to_flags
 from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
+from baton.services.engine.config import EngineConfig
+from baton.services.gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
+# Engine settings serve gives each worker itself rather than passing them on as given.
+PER_WORKER = ("model", "served_model_name", "gpu_memory_utilization", "num_threads")
+# Gateway settings serve gives the gateway itself.
+GATEWAY_OWN = ("router", "metrics_port", "model", "served_model_name", "auth")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the whole stack (workers, router, gateway) on this machine",
-        description=__doc__)
-    parser.add_argument("--model", default=None,
-                        help="checkpoint folder [default: the embedded tiny model]")
-    parser.add_argument("--served-model-name", default=None,
-                        help="name clients use [default: the folder's]")
-    parser.add_argument("--host", default="127.0.0.1", help="gateway address [default: 127.0.0.1]")
-    parser.add_argument("--port", type=int, default=8000, help="gateway port [default: 8000]")
-    parser.add_argument("--mode", choices=("disaggregated", "colocated"), default="disaggregated")
-    parser.add_argument("--prefill-workers", type=int, default=1,
-                        help="disaggregated: prefill workers [1]")
-    parser.add_argument("--decode-workers", type=int, default=1,
-                        help="decode workers (colocated: mixed workers) [default: 1]")
-    parser.add_argument(
-        "--kv-transport", choices=("nixl", "grpc", "cuda_ipc"), default="nixl",
-        help="how decode workers read prefill KV; cuda_ipc: GPU caches on this node, without UCX "
-             "[default: nixl]")
-    parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9,
-        help="share of the GPU's memory all workers together may use [default: 0.9]")
-    parser.add_argument(
-        "--prefill-memory-share", type=float, default=None,
-        help="disaggregated: the prefill workers' part of that share, 0..1 [default: their share "
-             "of the worker count]")
-    parser.add_argument("--api-keys-file", default=None,
-                        help="require API keys from this file [default: no auth]")
-    parser.add_argument(
-        "--worker-arg", action="append", default=[], metavar="ARG",
-        help="extra argument for every worker, e.g. --worker-arg=--num-kv-blocks=512 (repeatable)")
-    parser.add_argument(
-        "--router-arg", action="append", default=[], metavar="ARG",
-        help="extra argument for the router, e.g. --router-arg=--queue-max-size=0 (repeatable)")
-    parser.add_argument(
-        "--gateway-arg", action="append", default=[], metavar="ARG",
-        help="extra argument for the gateway, e.g. --gateway-arg=--slos=0=500/50 (repeatable)")
-    parser.add_argument(
-        "--max-restarts", type=int, default=5,
-        help="deaths of one service within --restart-window-s that are still restarted; one more "
-             "stops the stack [default: 5]")
-    parser.add_argument("--restart-window-s", type=float, default=120.0,
-                        help="the window --max-restarts counts in [default: 120]")
-    parser.add_argument(
-        "--restart-backoff-s", type=float, default=1.0,
-        help="delay before restarting a service that died; doubles while it keeps dying, up to "
-             "30 s [default: 1]")
+        description=__doc__, usage="baton serve [MODEL] [flags]",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
-def _roles(args: argparse.Namespace) -> list[str]:
-    if args.mode == "colocated":
-        return ["mixed"] * args.decode_workers
-    return ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
+def roles(settings: ServeSettings) -> list[str]:
+    serve = settings.serve
+    if serve.mode == "colocated":
+        return ["mixed"] * serve.decode_workers
+    return ["prefill"] * serve.prefill_workers + ["decode"] * serve.decode_workers
 
 
 def memory_shares(roles: Sequence[str], total: float,
@@ -98,76 +72,127 @@ def memory_shares(roles: Sequence[str], total: float,
             for role in roles]
 
 
-def _start_workers(args: argparse.Namespace, model: str, name: str,
-                   started: list[ServiceProcess]) -> list[ServiceProcess]:
-    roles = _roles(args)
-    shares = memory_shares(roles, args.gpu_memory_utilization, args.prefill_memory_share)
+@dataclass
+class Planned:
+    """A service to start: its name and `baton` arguments."""
+    name: str
+    args: list[str]
+
+
+def plan_workers(settings: ServeSettings, model: str, name: str) -> list[Planned]:
+    """Each worker's command line, on free loopback ports: the engine settings as given, its share
+    of the GPU, then --worker-arg and the role's own extra arguments (the last word wins)."""
+    engine, extra = settings.engine, settings.extra
+    worker_roles = roles(settings)
+    shares = memory_shares(worker_roles, engine.gpu_memory_utilization,
+                           settings.serve.prefill_memory_share)
     # One core each where there are enough; torch's default (all cores per process) would
     # oversubscribe.
-    threads = str(max(1, (os.cpu_count() or 1) // len(roles)))
-    workers = []
-    for i, (role, share) in enumerate(zip(roles, shares)):
-        workers.append(
-            launch_service(f"{role}-worker-{i}", [
-                "worker", "--role", role, "--model", model, "--served-model-name", name, "--port",
-                str(free_port()), "--kv-port",
-                str(free_port()), "--metrics-port",
-                str(free_port()), "--kv-transport", args.kv_transport,
-                f"--gpu-memory-utilization={share:.4f}", *args.worker_arg
-            ], env={"BATON_NUM_THREADS": os.environ.get("BATON_NUM_THREADS", threads)}))
-        started.insert(0, workers[-1])
-    return [w.wait_ready() for w in workers]
+    threads = engine.num_threads or max(1, (os.cpu_count() or 1) // len(worker_roles))
+    given = settings_to_flags(engine, [n for n in EngineConfig.model_fields if n not in PER_WORKER])
+    planned = []
+    for i, (role, share) in enumerate(zip(worker_roles, shares)):
+        own = extra["prefill_worker_arg"] if role == "prefill" else extra["decode_worker_arg"]
+        planned.append(Planned(f"{role}-worker-{i}", [
+            "worker", "--role", role, "--host", "127.0.0.1", "--port", str(free_port()),
+            "--kv-port", str(free_port()), "--metrics-port", str(free_port()),
+            f"--kv-transport={settings.serve.kv_transport}", f"--model={model}",
+            f"--served-model-name={name}", f"--gpu-memory-utilization={share:.4f}",
+            f"--num-threads={threads}", *given, *extra["worker_arg"], *own]))
+    return planned
 
 
-def start_stack(args: argparse.Namespace, model: str, name: str,
-                started: list[ServiceProcess]) -> None:
+def router_args(settings: ServeSettings, name: str, workers: Sequence[str]) -> list[str]:
+    # The router hashes prompts into blocks as the workers do, so it takes their block size.
+    return ["router", "--host", "127.0.0.1", "--port", str(free_port()), "--metrics-port",
+            str(free_port()), f"--model={name}", f"--block-size={settings.engine.block_size}",
+            "--workers", ",".join(workers), *settings.extra["router_arg"]]
+
+
+def gateway_args(settings: ServeSettings, model: str, name: str, router: str) -> list[str]:
+    gateway = settings.gateway
+    given = settings_to_flags(gateway,
+                              [n for n in GatewayConfig.model_fields if n not in GATEWAY_OWN])
+    return ["gateway", "--router", router, f"--model={model}", f"--served-model-name={name}",
+            "--auth" if settings.auth else "--no-auth", *given, *settings.extra["gateway_arg"]]
+
+
+def check_commands(settings: ServeSettings, workers: list[Planned], model: str, name: str) -> None:
+    """Each process's command line as that process will parse and validate it; ValueError on one
+    line."""
+    for args in {tuple(w.args[1:]) for w in workers}:
+        check_command("worker", list(args))
+    check_command("router", router_args(settings, name, ["127.0.0.1:1"])[1:])
+    check_command("gateway", gateway_args(settings, model, name, "127.0.0.1:1")[1:])
+
+
+def start_stack(settings: ServeSettings, model: str, name: str, started: list[ServiceProcess],
+                workers: list[Planned] | None = None) -> ServiceProcess:
     """Starts every service in dependency order, each put at the front of `started` (the order to
-    stop them), so a failure part-way still stops what did start."""
-    workers = _start_workers(args, model, name, started)
-    router = launch_service("router", [
-        "router", "--port", str(free_port()), "--metrics-port", str(free_port()), "--model", name,
-        "--workers", ",".join(w.address for w in workers), *args.router_arg])
+    stop them), so a failure part-way still stops what did start; returns the gateway."""
+    launched = []
+    for planned in workers or plan_workers(settings, model, name):
+        launched.append(launch_service(planned.name, planned.args))
+        started.insert(0, launched[-1])
+    addresses = [w.wait_ready().address for w in launched]
+    router = launch_service("router", router_args(settings, name, addresses))
     started.insert(0, router)
     router.wait_ready()
-    auth = ["--api-keys-file", args.api_keys_file] if args.api_keys_file else ["--no-auth"]
-    gateway = launch_service("gateway", [
-        "gateway", "--host", args.host, "--port",
-        str(args.port), "--router", router.address, "--model", model, "--served-model-name", name,
-        *auth, *args.gateway_arg
-    ])
+    gateway = launch_service("gateway", gateway_args(settings, model, name, router.address))
     started.insert(0, gateway)
-    gateway.wait_ready()
+    return gateway.wait_ready()
+
+
+def _model_and_name(settings: ServeSettings) -> tuple[str, str]:
+    engine = settings.engine
+    if engine.model is None:
+        from baton.services.checkpoints.tiny_model import embedded_model_path  # torch: only here
+
+        model = str(embedded_model_path())
+    else:
+        model = str(Path(engine.model))
+    return model, engine.served_model_name or Path(model).name
+
+
+def _ready_line(settings: ServeSettings, gateway: ServiceProcess, workers: int, name: str) -> str:
+    url = f"http://{gateway.address}/v1"
+    return (f"baton serve ready: address={gateway.address} mode={settings.serve.mode} "
+            f"workers={workers} model={name}\n  OpenAI API: {url}\n  try: curl {url}/completions "
+            f"-H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"prompt\": "
+            f"\"Once upon a time\", \"max_tokens\": 16}}'")
+
+
+def _prepare(args: argparse.Namespace) -> tuple[ServeSettings, str, str, list[Planned]]:
+    """The settings and the workers' plan, every check passed; ValueError otherwise."""
+    settings = resolve(args)
+    check_model(settings.engine.model)
+    check_keys_file(settings.gateway.api_keys_file, settings.auth)
+    check_port(settings.gateway.host, settings.gateway.port)
+    model, name = _model_and_name(settings)
+    workers = plan_workers(settings, model, name)
+    check_commands(settings, workers, model, name)
+    return settings, model, name, workers
 
 
 def run(args: argparse.Namespace) -> int:
-    from baton.services.checkpoints.tiny_model import embedded_model_path
-
-    model = str(Path(args.model) if args.model else embedded_model_path())
-    name = args.served_model_name or Path(model).name
+    try:
+        settings, model, name, workers = _prepare(args)
+        serve = settings.serve
+        policy = RestartPolicy(serve.max_restarts, serve.restart_window_s, serve.restart_backoff_s)
+    except ValueError as e:
+        log.error("baton serve: %s", e)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     services: list[ServiceProcess] = []
     try:
         try:
-            policy = RestartPolicy(args.max_restarts, args.restart_window_s,
-                                   args.restart_backoff_s)
-            start_stack(args, model, name, services)
-        except ValueError as e:
-            log.error("baton serve: %s", e)
-            return 2
+            gateway = start_stack(settings, model, name, services, workers)
         except RuntimeError as e:
             log.error("the stack did not start: %s", e)
             return 1
-        url = f"http://{args.host}:{args.port}/v1"
-        print(
-            f"baton serve ready: address={args.host}:{args.port} mode={args.mode} "
-            f"workers={len(services) - 2} "
-            f"model={name}\n"
-            f"  OpenAI API: {url}\n  try: curl {url}/completions -H 'Content-Type: "
-            "application/json' "
-            f"-d '{{\"model\": \"{name}\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}}'",
-            flush=True)
+        print(_ready_line(settings, gateway, len(workers), name), flush=True)
         supervisor = Supervisor(services, policy)
         while not stop.wait(0.2):
             try:

@@ -11,6 +11,7 @@ import types
 import typing
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 S = TypeVar("S", bound="BatonSettings")
@@ -66,3 +67,28 @@ def settings_from_args(settings_cls: type[S], args: argparse.Namespace, **overri
     given = {k: v for k, v in vars(args).items() if k in settings_cls.model_fields}
     given.update(overrides)
     return settings_cls(**given)
+
+
+def settings_to_flags(settings: BatonSettings, names: typing.Iterable[str]) -> list[str]:
+    """The command-line flags that give another process these fields of `settings` (the inverse
+    of add_settings_arguments), for the fields that were set (by a flag, a variable or a file):
+    the rest the process takes from its own defaults. An unset value (None, an empty list) has no
+    flag and is left out."""
+    flags: list[str] = []
+    for name in names:
+        value = getattr(settings, name)
+        if name not in settings.model_fields_set or value is None or value == []:
+            continue
+        if isinstance(value, bool):
+            flags.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
+        elif isinstance(value, list):
+            flags += [_flag(name), *map(str, value)]
+        else:
+            flags.append(f"{_flag(name)}={value}")
+    return flags
+
+
+def describe_error(error: ValidationError) -> str:
+    """A settings validation error on one line, each field named as its flag."""
+    return "; ".join(f"{_flag(str(e['loc'][0])) if e['loc'] else 'settings'}: "
+                     f"{e['msg'].removeprefix('Value error, ')}" for e in error.errors())

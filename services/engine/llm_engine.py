@@ -33,7 +33,7 @@ SERVING_API = frozenset({
     # hand-off, decode side
     "reserve_prefilled", "commit_prefilled", "park_reserved", "release_parked",
     "held_kv", "release_kv",  # hand-off, prefill side
-    "stats", "model_id", "block_size", "kv_cache",  # load and shape
+    "stats", "model_id", "block_size", "max_model_len", "kv_cache",  # load and shape
     # the prefix cache, mirrored by the router
     "record_block_events", "drain_block_events", "cached_block_hashes",
 })

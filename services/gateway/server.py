@@ -26,6 +26,7 @@ from baton.services.gateway.rate_limits import RateLimiter
 from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import KeyStore
+from baton.services.gateway.worker_limits import WorkerLimits
 from baton.services.openai.tool_parsers import parser_for_model
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,10 @@ def _uvicorn_config(gateway: Gateway) -> uvicorn.Config:
         timeout_keep_alive=config.http_idle_timeout_s)
 
 
-def _background(gateway: Gateway) -> list[asyncio.Task]:
-    """The router health check and, with auth on, the API-keys reload (on SIGHUP too)."""
-    tasks: list[asyncio.Task] = []
+def _background(gateway: Gateway, limits: WorkerLimits) -> list[asyncio.Task]:
+    """The router health check, the workers' limits and, with auth on, the API-keys reload (on
+    SIGHUP too)."""
+    tasks: list[asyncio.Task] = [asyncio.ensure_future(limits.watch())]
     if gateway.router_health is not None:
         tasks.append(asyncio.ensure_future(gateway.router_health.watch()))
     config, reloader = gateway.config, None
@@ -111,7 +113,9 @@ async def serve(config: GatewayConfig) -> int:
     gateway = build_gateway(config)
     sock = listen_socket(config.host, config.port)
     port = sock.getsockname()[1]
-    tasks = _background(gateway)
+    limits = WorkerLimits(gateway, gateway.orchestrator.channel, config.router_check_interval_s)
+    await limits.first()
+    tasks = _background(gateway, limits)
     probes = None
     if config.metrics_port is not None:
         probes = serve_probes(config.host, config.metrics_port, gateway.registry,

@@ -431,7 +431,10 @@ class Router:
                     sum(w.inflight_requests() for w in members),
                     sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
                     sum(w.is_saturated(now, self.limits) for w in members))
-            return RouterStats(pools, len(self.admission.queue), len(self._leases))
+            limits = [w.report.max_model_len for w in self._workers.values()
+                      if w.is_alive(now) and w.report is not None and w.report.max_model_len]
+            return RouterStats(pools, len(self.admission.queue), len(self._leases),
+                               self.config.model, min(limits, default=0))
 
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:

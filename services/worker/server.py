@@ -26,6 +26,7 @@ from baton.services.worker.metrics import WorkerMetrics
 from baton.services.worker.prefill import PrefillSide
 from baton.services.worker.registration import keep_registered
 from baton.services.worker.servicer import WorkerServicer
+from baton.services.worker.vllm_metrics import VllmNames
 from baton.v1 import worker_pb2_grpc
 from baton.services.common.tracing import setup_tracing
 
@@ -46,8 +47,11 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig,
     address = f"{host}:{port}"
     worker_id = config.worker_id or address
     registry = CollectorRegistry()
-    registry.register(EngineCollector(engine))
+    engine_metrics = EngineCollector(engine)
+    registry.register(engine_metrics)
     metrics = WorkerMetrics(registry, engine.model_id)
+    registry.register(
+        VllmNames([engine_metrics, metrics.ttft, metrics.itl, metrics.e2e, metrics.finished]))
     kv_port = port if config.kv_transport == "grpc" else config.kv_port or port + 1
     transport = make_transport(config.kv_transport, engine.kv_cache, name=f"baton-{worker_id}",
                                host=host, port=kv_port, registry=registry,

@@ -196,6 +196,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             recent_step_ms=[t * 1000 for t in s.recent_step_seconds
                             ], num_leases=len(self.prefill_side.leases), draining=self.draining,
             block_size=self.engine.block_size, model=self.engine.model_id,
+            max_model_len=self.engine.max_model_len,
             prefill_tokens_per_s=s.prefill_tokens_per_s or 0.0)
 
     async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,

@@ -9,10 +9,9 @@ import time
 import httpx
 import pytest
 
-from baton.services.common.process import ServiceProcess
+from tests.gateway.leaving_client import leave_once_running
 from tests.launcher import blocks_all_free, metric, wait_for
 
-ADMIT_WITHIN_S = 30.0  # a loaded test machine may take long to prefill; only the freeing is timed
 
 
 def _wait_free(stack, within: float) -> float:
@@ -21,22 +20,6 @@ def _wait_free(stack, within: float) -> float:
         assert time.monotonic() - start < within, "blocks still held"
         time.sleep(0.05)
     return time.monotonic() - start
-
-
-async def _leave_once_running(url: str, body: dict, worker: ServiceProcess) -> None:
-    """Posts a non-streamed request and leaves (closes the connection) once the worker runs it, so
-    the request is known to have been admitted and to be unanswered when the client goes."""
-    async with httpx.AsyncClient(base_url=url, timeout=ADMIT_WITHIN_S) as http:
-        post = asyncio.create_task(http.post("/completions", json=body))
-        deadline = time.monotonic() + ADMIT_WITHIN_S
-        while metric(worker, "baton_num_requests_running") < 1:
-            assert not post.done(), f"answered before it ran: {post.result().text}"
-            assert time.monotonic() < deadline, "the request never ran"
-            await asyncio.sleep(0.05)
-        assert not post.done(), "the request finished before the client could leave"
-        post.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await post
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -56,7 +39,7 @@ def test_disconnect_frees_blocks_within_a_second(colocated, model, stream):
                 assert metric(worker, "baton_num_requests_running") == 1
     else:
         closed_before = colocated.gateway_metric("baton_gateway_requests_total", status="499")
-        asyncio.run(_leave_once_running(colocated.url, body, worker))
+        asyncio.run(leave_once_running(colocated.url, body, worker))
     assert _wait_free(colocated, within=1.0 if stream else 1.5) < 1.5
     assert metric(worker, "baton_num_requests_running") == 0
     if not stream:

@@ -8,14 +8,13 @@ import asyncio
 import signal
 import time
 
-import httpx
 import openai
 import pytest
 
+from tests.gateway.leaving_client import leave_once_running
 from tests.launcher import Stack, metric, start_stack, wait_for
 
 PREFILL_TIMEOUT_S = 3.0
-ADMIT_WITHIN_S = 30.0  # a loaded test machine may be slow to start a request; only freeing is timed
 # A long prefill: two prompt tokens per engine step, and ~1900 tokens (nearly the context).
 LONG_PROMPT = " ".join(f"w{i}" for i in range(500))
 
@@ -38,22 +37,6 @@ def _idle(stack: Stack) -> bool:
                and metric(w, "baton_kv_leases") == 0 for w in stack.workers())
 
 
-async def _leave_during_prefill(stack: Stack, body: dict) -> None:
-    """Sends the request and leaves (closes the connection) while the prefill worker computes it."""
-    prefill = stack.workers("prefill")[0]
-    async with httpx.AsyncClient(base_url=stack.url, timeout=ADMIT_WITHIN_S) as http:
-        post = asyncio.create_task(http.post("/completions", json=body))
-        deadline = time.monotonic() + ADMIT_WITHIN_S
-        while metric(prefill, "baton_num_requests_running") < 1:
-            assert not post.done(), f"answered before its prefill ran: {post.result().text}"
-            assert time.monotonic() < deadline, "the prefill never ran"
-            await asyncio.sleep(0.02)
-        assert not post.done(), "the request finished before the client could leave"
-        post.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await post
-
-
 @pytest.mark.parametrize("stream", [True, False])
 def test_leaving_during_prefill_frees_blocks_and_lease_at_once(stack, model, stream):
     wait_for(lambda: _idle(stack), timeout=30, what="an idle stack")
@@ -61,7 +44,8 @@ def test_leaving_during_prefill_frees_blocks_and_lease_at_once(stack, model, str
             "temperature": 0, "stream": stream}
     prefill = stack.workers("prefill")[0]
     computed = metric(prefill, "baton_prompt_tokens_computed_total")
-    asyncio.run(_leave_during_prefill(stack, body))
+    # left while the prefill worker computes it
+    asyncio.run(leave_once_running(stack.url, body, stack.workers("prefill")[0], poll_s=0.02))
     left = time.monotonic()
     # The gateway notices within 0.25 s; the lease would otherwise hold the blocks for 30 s.
     wait_for(lambda: _idle(stack), timeout=1.5, what="blocks and leases back")

@@ -9,69 +9,30 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 import openai
-import psutil
 import pytest
 
-from baton.services.common.process import free_port, launch_command
+from baton.services.common.process import launch_command
 from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
-from tests.launcher import scrape, wait_for
+from tests.launcher import ServeCommand, scrape, wait_for
 
 PROMPTS = [f"Story number {i}: once upon a time" for i in range(6)]
 TOKENS = 40
 
 
-class Serve:
-    """`baton serve` as a user starts it, with its output kept."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "baton.services.cli.main", "serve", "--port", str(self.port),
-             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "BATON_NUM_THREADS": "1"})
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip())
-            if line.startswith("baton serve ready"):
-                self.ready.set()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def decode_workers(self) -> dict[int, int]:
-        """pid -> metrics port of each decode worker running now."""
-        workers = {}
-        for child in psutil.Process(self.process.pid).children():
-            command = child.cmdline()
-            if "decode" in command:
-                workers[child.pid] = int(command[command.index("--metrics-port") + 1])
-        return workers
-
-
 @pytest.fixture(scope="module")
 def served():
-    serve = Serve("--decode-workers", "2", "--restart-backoff-s", "0.5", "--gateway-arg=--slos=",
-                  "--worker-arg=--num-kv-blocks=512", "--router-arg=--circuit-cooldown-s=2")
+    serve = ServeCommand("--decode-workers", "2", "--restart-backoff-s", "0.5",
+                         "--gateway-arg=--slos=", "--worker-arg=--num-kv-blocks=512",
+                         "--router-arg=--circuit-cooldown-s=2")
     try:
         assert serve.ready.wait(240), "\n".join(serve.lines)
         yield serve
     finally:
-        serve.process.send_signal(signal.SIGINT)
-        try:
-            serve.process.wait(60)
-        except subprocess.TimeoutExpired:
-            serve.process.kill()
+        serve.stop()
 
 
 async def _complete(client: openai.AsyncOpenAI, prompt: str) -> str:

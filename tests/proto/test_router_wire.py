@@ -15,7 +15,7 @@ from baton.services.common.wire.router import (kv_events_from_proto, kv_snapshot
                                                load_report_from_proto, place_request_from_proto,
                                                place_request_to_proto, placement_to_proto,
                                                release_from_proto, release_to_proto,
-                                               router_stats_to_proto)
+                                               router_stats_from_proto, router_stats_to_proto)
 from baton.v1 import router_pb2 as rpb
 from baton.v1 import worker_pb2 as wpb
 
@@ -84,13 +84,19 @@ def test_a_placement_names_its_mode_and_reasons() -> None:
             local.predicted_ttft_ms) == (rpb.PREFILL_MODE_LOCAL, "", "", 2**32 - 1)
 
 
-def test_router_stats_carry_every_pool() -> None:
+def test_router_stats_survive_the_trip_with_every_pool() -> None:
     pool = PoolStats(workers=3, queued_prefill_tokens=100, inflight_requests=7,
                      mean_kv_utilization=0.5, saturated=1)
-    message = router_stats_to_proto(RouterStats({Role.DECODE: pool}, queued_requests=2, leases=9))
+    stats = RouterStats({Role.DECODE: pool}, queued_requests=2, leases=9, model="m",
+                        max_model_len=4096)
+    message = router_stats_to_proto(stats)
     [wire] = message.pools
     assert _unset(wire) == [] and _unset(message) == []
     assert (wire.role, wire.workers, wire.saturated_workers) == (rpb.WORKER_ROLE_DECODE, 3, 1)
+    assert router_stats_from_proto(message) == stats
+    # a pool of a role this side does not know (a newer router's) is left out
+    message.pools.add(role=99, workers=1)
+    assert router_stats_from_proto(message) == stats
 
 
 def _worker_stats() -> wpb.WorkerStats:
@@ -100,13 +106,14 @@ def _worker_stats() -> wpb.WorkerStats:
                            draining=True, block_size=16, model="m", prefill_tokens_per_s=2048.0,
                            decode_step_ms_base=10.0, decode_step_ms_per_sequence=0.5,
                            decode_step_ms_per_ktoken=0.25, decode_step_samples=32, decode_rows=8,
-                           decode_context_tokens=9000)
+                           decode_context_tokens=9000, max_model_len=4096)
 
 
 READ = {"worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used",
         "kv_blocks_total", "prefill_tokens_queued", "draining", "block_size", "model",
         "prefill_tokens_per_s", "decode_step_ms_base", "decode_step_ms_per_sequence",
-        "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens"}
+        "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens",
+        "max_model_len"}
 # WorkerStats fields the router has no use for (the worker's own dashboards read them).
 NOT_READ = {"recent_step_ms", "num_leases"}
 
@@ -120,8 +127,8 @@ def test_a_load_report_keeps_every_field_the_router_reads() -> None:
     assert report.timestamp_s == pytest.approx(1_700_000_000.123)
     assert (report.num_running, report.num_waiting, report.kv_blocks_used, report.kv_blocks_total,
             report.prefill_tokens_queued, report.draining) == (3, 4, 5, 600, 700, True)
-    assert (report.prefill_tokens_per_s, report.decode_rows,
-            report.decode_context_tokens) == (2048.0, 8, 9000)
+    assert (report.prefill_tokens_per_s, report.decode_rows, report.decode_context_tokens,
+            report.max_model_len) == (2048.0, 8, 9000, 4096)
     assert report.decode_cost == DecodeCostFit(0.01, 0.0005, 0.25e-6, 32)
     # a field added to WorkerStats is either read above or named as not the router's
     assert set(wpb.WorkerStats.DESCRIPTOR.fields_by_name) == READ | NOT_READ

@@ -8,13 +8,14 @@ from prometheus_client import CollectorRegistry
 from baton.services.common.block_hash import block_hashes
 from baton.services.common.messages.router import DisaggReason, Placement, PlaceRequest
 from baton.services.common.roles import Role
-from baton.services.common.wire.router import kv_events_from_proto, kv_snapshot_from_proto
+from baton.services.common.wire.router import (kv_events_from_proto, kv_snapshot_from_proto,
+                                               load_report_from_proto)
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.router import Queued, Router
 from baton.v1 import worker_pb2
 
-from .helpers import Clock, report
+from .helpers import Clock, report, stats
 
 PROMPT = list(range(1, 2049))  # 128 blocks of 16
 
@@ -331,3 +332,20 @@ def test_concurrent_placements_keep_the_books_straight():
     for lease in leases:
         router.release(lease)
     assert router.stats().leases == 0 and router.stats().pools[Role.DECODE].inflight_requests == 0
+
+
+def test_stats_carry_the_smallest_limit_the_live_workers_report():
+    """The gateway's context limit comes from here: a request must fit whichever worker it lands
+    on, and a worker whose registration lapsed no longer counts."""
+    router, clock, _, _ = make_router()
+    for worker_id, lease_s in (("d0", float("inf")), ("d1", 5.0)):
+        router.register_worker(worker_id, f"{worker_id}:1", Role.DECODE, model="m", block_size=16,
+                               lease_ttl_s=lease_s)
+    assert (router.stats().model, router.stats().max_model_len) == ("m", 0)
+    for worker_id, limit in (("d0", 4096), ("d1", 256)):
+        message = stats(worker_id, clock())
+        message.max_model_len = limit
+        router.on_stats(load_report_from_proto(message))
+    assert router.stats().max_model_len == 256
+    clock.advance(6.0)  # d1's registration has run out; d0 is a static worker
+    assert router.stats().max_model_len == 4096

@@ -183,11 +183,15 @@ class PoolStats(_message.Message):
     def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., workers: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., mean_kv_utilization: _Optional[float] = ..., saturated_workers: _Optional[int] = ...) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("pools", "queued_requests", "leases")
+    __slots__ = ("pools", "queued_requests", "leases", "model", "max_model_len")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolStats]
     queued_requests: int
     leases: int
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., leases: _Optional[int] = ...) -> None: ...
+    model: str
+    max_model_len: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., leases: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...

@@ -277,7 +277,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens")
+    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +292,7 @@ class WorkerStats(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEP_MS_BASE_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEP_MS_PER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEP_MS_PER_KTOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -312,13 +313,14 @@ class WorkerStats(_message.Message):
     block_size: int
     model: str
     prefill_tokens_per_s: float
+    max_model_len: int
     decode_step_ms_base: float
     decode_step_ms_per_sequence: float
     decode_step_ms_per_ktoken: float
     decode_step_samples: int
     decode_rows: int
     decode_context_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ...) -> None: ...
 
 class StreamKVEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

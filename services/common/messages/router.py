@@ -76,3 +76,6 @@ class RouterStats:
     pools: dict[Role, PoolStats]
     queued_requests: int
     leases: int
+    model: str = ""
+    # the smallest limit the live workers report (a request must fit wherever it lands); 0: none yet
+    max_model_len: int = 0

@@ -25,6 +25,7 @@ class LoadReport:
     decode_cost: DecodeCostFit | None = None
     decode_rows: int = 0
     decode_context_tokens: int = 0
+    max_model_len: int = 0  # the longest sequence the worker accepts; 0: not reported
     # Who reports, for the feed that registers a worker it discovered.
     worker_id: str = ""
     role: Role | None = None  # None: a role this router does not know

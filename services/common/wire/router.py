@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from baton.services.common.decode_cost import DecodeCostFit
 from baton.services.common.limits import MAX_PROMPT_TOKENS
-from baton.services.common.messages.router import (Placement, PlaceRequest, Release,
+from baton.services.common.messages.router import (Placement, PlaceRequest, PoolStats, Release,
                                                    RouterStats)
 from baton.services.common.messages.worker import (EventKind, KVEvent, KVEventBatch, KVSnapshot,
                                                    LoadReport)
@@ -97,7 +97,17 @@ def router_stats_to_proto(stats: RouterStats) -> rpb.RouterStats:
         for role, p in stats.pools.items()
     ]
     return rpb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
-                           leases=stats.leases)
+                           leases=stats.leases, model=stats.model,
+                           max_model_len=stats.max_model_len)
+
+
+def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
+    """A pool of a role this side does not know is left out."""
+    pools = {role: PoolStats(p.workers, p.queued_prefill_tokens, p.inflight_requests,
+                             p.mean_kv_utilization, p.saturated_workers)
+             for p in stats.pools if (role := _role(p.role)) is not None}
+    return RouterStats(pools, stats.queued_requests, stats.leases, stats.model,
+                       stats.max_model_len)
 
 
 def _role(value: int) -> Role | None:
@@ -118,6 +128,7 @@ def load_report_from_proto(stats: wpb.WorkerStats) -> LoadReport:
                       prefill_tokens_queued=stats.prefill_tokens_queued, draining=stats.draining,
                       decode_cost=cost, decode_rows=stats.decode_rows,
                       decode_context_tokens=stats.decode_context_tokens,
+                      max_model_len=stats.max_model_len,
                       worker_id=stats.worker_id, role=_role(stats.role), model=stats.model,
                       block_size=stats.block_size,
                       prefill_tokens_per_s=stats.prefill_tokens_per_s)
