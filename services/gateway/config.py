@@ -94,6 +94,30 @@ class GatewayConfig(BatonSettings):
     default_tokens_per_minute: int | None = Field(
         None, ge=1,
         description="Token rate limit (prompt + max_tokens) of the default tenant (unset: none)")
+    rate_limit_store: str | None = Field(
+        None,
+        description="Where the tenants' request and token buckets are kept: a Redis URL "
+                    "(redis://[:password@]host:6379/0, rediss:// for TLS) shared by every gateway "
+                    "replica, so together they hold each limit once (unset: in this process, "
+                    "right for one replica only)")
+    rate_limit_fail: Literal["open", "closed"] = Field(
+        "open",
+        description="While the rate-limit store is unreachable: 'open' admits requests "
+                    "unlimited, 'closed' refuses them with 503 (both counted in "
+                    "baton_gateway_rate_limit_store_errors_total)")
+    rate_limit_key_prefix: str = Field(
+        "baton:ratelimit:", min_length=1,
+        description="Prefix of the buckets' keys in the rate-limit store (gateways that share "
+                    "limits share it)")
+    rate_limit_store_timeout_s: float = Field(
+        0.5, gt=0,
+        description="How long a rate-limit store call may take before it counts as the store "
+                    "being down")
+    rate_limit_output_estimate: int = Field(
+        256, ge=1,
+        description="Completion tokens reserved per choice of a request that sets no max_tokens "
+                    "(fewer when the context has less room); every request is settled to what "
+                    "it used when it ends")
     max_request_priority: int = Field(
         1000, ge=0, le=1_000_000,
         description="Largest magnitude of a request's `priority` (vLLM's meaning: lower is served "
@@ -128,6 +152,13 @@ class GatewayConfig(BatonSettings):
     slos: str = Field(
         "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; a "
                                   "priority without one uses the nearest lower priority's")
+
+    @field_validator("rate_limit_store")
+    @classmethod
+    def _valid_store(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("--rate-limit-store must be a redis://, rediss:// or unix:// URL")
+        return value
 
     @field_validator("slos")
     @classmethod

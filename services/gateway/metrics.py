@@ -64,6 +64,18 @@ class GatewayMetrics:
                                          registry=registry)
         self.rejections = Counter("baton_gateway_rejections", "Requests refused, by reason",
                                   ["reason"], registry=registry)
+        self.rate_limit_store_errors = Counter(
+            "baton_gateway_rate_limit_store_errors",
+            "Rate-limit store calls that failed, by what was decided: admitted (failing open), "
+            "refused (failing closed, 503) or settlement_lost (a finished request's unused "
+            "tokens not given back)", ["decision"], registry=registry)
+        self.rate_limit_store_up = Gauge(
+            "baton_gateway_rate_limit_store_up",
+            "0 while the rate-limit store fails to answer, else 1", registry=registry)
+        self.reserved_tokens = Gauge(
+            "baton_gateway_rate_limit_reserved_tokens",
+            "Tokens reserved by admitted requests that have not ended yet (each is settled to "
+            "what it used when it ends)", registry=registry)
         self.migrations = Counter("baton_gateway_migrations",
                                   "Streams moved to another decode worker", registry=registry)
         self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served",

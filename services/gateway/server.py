@@ -22,7 +22,7 @@ from baton.services.gateway.http_timeouts import Deadlines, timed_protocol
 from baton.services.gateway.key_reload import KeyReloader
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator, PrefillDeadline
-from baton.services.gateway.rate_limits import RateLimiter
+from baton.services.gateway.rate_limits.limiter import build_limiter
 from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import KeyStore
@@ -55,7 +55,7 @@ def build_gateway(config: GatewayConfig) -> Gateway:
         max_model_len=context_length(model_config,
                                      config.max_model_len), vocab_size=model_config.vocab_size,
         orchestrator=orchestrator, keys=keys, metrics=metrics, registry=registry,
-        limiter=RateLimiter(),
+        limiter=build_limiter(config, metrics),
         tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer),
         router_health=RouterHealth(orchestrator.channel, config.router_check_interval_s,
                                    metrics.router_up))
@@ -137,4 +137,5 @@ async def serve(config: GatewayConfig) -> int:
             background.cancel()
         if probes is not None:
             probes.shutdown()
+        await gateway.limiter.close()
     return 0

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
+from baton.services.gateway.rate_limits.limiter import Reservation
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import Tenant
 from baton.services.openai.endpoints import OpenAIRequest
@@ -42,6 +43,10 @@ class ApiRequest:
     response_id: str
     started: float  # time.monotonic() at arrival
     trace_headers: dict[str, str]
+    reservation: Reservation
+    # set once its choices start: from then on the end of the last one settles the reservation
+    launched: bool = False
+    completion_tokens: int = 0  # the choices' outputs so far, summed when each ends
 
 
 @dataclass
@@ -105,6 +110,7 @@ class Serving:
             for s in states
         ]
         running = Running(api, states, events, tasks, span)
+        api.launched = True
         self.gateway.metrics.in_flight.inc()
         try:
             first = await events.get()
@@ -130,6 +136,10 @@ class Serving:
         return running.ended
 
     def _ended(self, running: Running) -> None:
+        api = running.api
+        # every choice has ended, however (finished, failed, cancelled by a client that left) and
+        # metered its tokens: the request is charged what it used, no more
+        api.reservation.settle(len(api.inp.prompt_token_ids) + api.completion_tokens)
         running.span.end()
         self.gateway.metrics.in_flight.dec()
 
@@ -190,7 +200,7 @@ class Serving:
         metrics.completion_tokens.labels(label).inc(tokens)
         if state.index == 0:
             metrics.prompt_tokens.labels(label).inc(len(api.inp.prompt_token_ids))
-        self.gateway.limiter.refund(tenant, api.inp.params.max_tokens - tokens)
+        api.completion_tokens += tokens
 
     async def _events(self, running: Running) -> AsyncIterator[tuple[int, object]]:
         """(index, message | error) until every choice ended."""

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
-from baton.services.gateway.rate_limits import RateLimiter
+from baton.services.gateway.rate_limits.limiter import RateLimiter
 from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.tenants import DEFAULT_TENANT, KeyStore, Tenant
 from baton.services.openai.tool_parsers import ToolParser

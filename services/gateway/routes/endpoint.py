@@ -19,12 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from baton.services.gateway.body import parse_json, read_body
 from baton.services.gateway.errors import CLIENT_CLOSED, error_response, protocol_error_response
 from baton.services.gateway.orchestrator import Refused
-from baton.services.gateway.rate_limits import RateLimited
+from baton.services.gateway.rate_limits.store import RateLimited
 from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.gateway.tenants import AuthError
 from baton.services.openai.common import BaseRequest
 from baton.services.openai.endpoints import new_response_id, parse_request
-from baton.services.openai.engine_input import to_engine_input
+from baton.services.openai.engine_input import EngineInput, to_engine_input
 from baton.services.openai.errors import ProtocolError
 from baton.services.openai.render import build_response
 from baton.services.openai.streaming import ChunkWriter
@@ -62,8 +62,9 @@ async def serve_endpoint(serving: Serving, endpoint: Endpoint, request: Request)
     except AuthError as e:
         response = error_response(401, str(e), "invalid_api_key")
     except RateLimited as e:
-        gateway.metrics.rejections.labels("rate_limit").inc()
-        response = error_response(429, str(e), "rate_limit_exceeded", retry_after_s=e.retry_after_s)
+        gateway.metrics.rejections.labels(
+            "rate_limit" if e.status == 429 else "rate_limit_store_unavailable").inc()
+        response = error_response(e.status, str(e), e.code, retry_after_s=e.retry_after_s)
     except Refused as e:
         gateway.metrics.rejections.labels(e.code).inc()
         response = error_response(e.status, e.message, e.code, retry_after_s=e.retry_after_s)
@@ -88,13 +89,33 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         gateway.tokenize_pool,
         partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
                 config.max_logprobs, gateway.vocab_size))
-    gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
-                          len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
+    reservation = await gateway.limiter.admit(
+        tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
+        _reserved_tokens(oai, inp, config.rate_limit_output_estimate))
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
-                     _trace_headers(request))
+                     _trace_headers(request), reservation)
     log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
               len(inp.prompt_token_ids), inp.n, tenant.name, priority)
-    if oai.stream:
+    try:
+        return await _serve(serving, endpoint, request, api)
+    finally:
+        if not api.launched:
+            # never reached the orchestrator (cancelled first): no choice will settle it
+            reservation.settle(len(inp.prompt_token_ids))
+
+
+def _reserved_tokens(oai: BaseRequest, inp: EngineInput, estimate: int) -> int:
+    """The prompt plus the most each choice may produce: max_tokens, or when the request sets
+    none, `estimate` (what it produces beyond it is charged when it ends)."""
+    per_choice = inp.params.max_tokens
+    if oai.requested_max_tokens()[1] is None:
+        per_choice = min(per_choice, estimate)
+    return len(inp.prompt_token_ids) + per_choice * inp.n
+
+
+async def _serve(serving: Serving, endpoint: Endpoint, request: Request,
+                 api: ApiRequest) -> Response:
+    if api.oai.stream:
         # Placement errors become HTTP statuses before the stream opens; a client that leaves
         # before the first token (a long prefill, a queue) takes the request with it.
         first = await _unless_disconnected(request, api, serving.start(api))
