@@ -112,10 +112,23 @@ def gateway_args(body: Obj, spec: Obj, model_path: str, settings: OperatorSettin
         str(settings.probe_port), "--router", f"{r.router_name(name)}:{spec['router']['port']}",
         "--model", model_path, "--served-model-name",
         served_model_name(name, spec["model"]), "--slos",
-        slos_arg(spec["slos"])
+        slos_arg(spec["slos"]), "--rate-limit-fail", spec["gateway"]["rateLimitFail"]
     ]
     secret = spec["gateway"].get("apiKeysSecretRef")
     return args + ([f"--api-keys-file={KEYS_DIR}/{secret['key']}"] if secret else ["--no-auth"])
+
+
+def store_urls(gateway: Obj) -> list[Obj]:
+    """The stores' URLs as variables read from their Secrets: they may hold passwords, which a
+    flag would show in the pod spec and in `ps`."""
+    env = []
+    for field, variable in (("rateLimitStoreSecretRef", "BATON_RATE_LIMIT_STORE"),
+                            ("stateStoreSecretRef", "BATON_STATE_STORE")):
+        secret = gateway.get(field)
+        if secret:
+            env.append({"name": variable, "valueFrom": {"secretKeyRef": {
+                "name": secret["name"], "key": secret["key"]}}})
+    return env
 
 
 def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
@@ -126,7 +139,7 @@ def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Ob
                             {"http": spec["gateway"]["port"], "metrics": settings.probe_port},
                             spec["gateway"].get("resources", {}))
     box["volumeMounts"] += source.mounts
-    box["env"] = source.env
+    box["env"] = source.env + store_urls(spec["gateway"])
     pod: Obj = {"volumes": source.volumes}
     if source.init_containers:
         pod["initContainers"] = source.init_containers

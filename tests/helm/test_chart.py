@@ -35,6 +35,27 @@ def test_values_schema_refuses_unknown_keys(helm: str, tmp_path: Path) -> None:
     assert result.returncode != 0 and "autoscaleIntervalSecond" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "gateway", ["replicas: 2", "replicas: 2\n      stateStoreSecretRef: {name: pg}"])
+def test_gateway_replicas_without_a_shared_rate_limit_store_are_refused(
+        helm: str, tmp_path: Path, gateway: str) -> None:
+    values = tmp_path / "replicas.yaml"
+    values.write_text("example:\n  enabled: true\n  spec:\n    gateway:\n      " + gateway + "\n")
+    result = run_helm(helm, "template", "x", str(CHART), "-f", str(values))
+    assert result.returncode != 0
+    assert "needs a shared rate-limit store" in result.stderr, result.stderr
+
+
+def test_gateway_replicas_with_a_shared_rate_limit_store_render(helm: str, tmp_path: Path) -> None:
+    values = tmp_path / "replicas.yaml"
+    values.write_text("example:\n  enabled: true\n  spec:\n    gateway:\n      replicas: 2\n"
+                      "      rateLimitStoreSecretRef: {name: redis}\n")
+    result = run_helm(helm, "template", "x", str(CHART), "-f", str(values))
+    assert result.returncode == 0, result.stderr
+    example = next(d for d in documents(result.stdout) if d["kind"] == "BatonDeployment")
+    assert example["spec"]["gateway"]["replicas"] == 2
+
+
 def test_crd_files_are_the_generated_ones() -> None:
     for file_name, document in crd_schema.all_crds().items():
         on_disk = (CHART / "crds" / file_name).read_text(encoding="utf-8")

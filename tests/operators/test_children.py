@@ -55,3 +55,35 @@ def test_gateway_metrics_are_on_a_pod_port_the_service_leaves_out():
     assert box["readinessProbe"]["httpGet"]["port"] == "http"
     assert service["spec"]["type"] == "LoadBalancer"
     assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+
+
+def test_the_stores_urls_come_from_their_secrets_never_from_flags():
+    body = {"metadata": {"name": "qwen", "namespace": "llm", "uid": "u"},
+            "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND,
+            "spec": {"model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "w:1"},
+                     "gateway": {"replicas": 3, "rateLimitFail": "closed",
+                                 "rateLimitStoreSecretRef": {"name": "redis"},
+                                 "stateStoreSecretRef": {"name": "pg", "key": "dsn"}},
+                     "pools": {"decode": {"minReplicas": 1, "maxReplicas": 1}}}}
+    objects = gateway_objects(body, defaulted(r.DEPLOYMENT_KIND, body), OperatorSettings())
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    box = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("valueFrom") for e in box["env"]}
+    assert env["BATON_RATE_LIMIT_STORE"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
+    assert env["BATON_STATE_STORE"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
+    assert box["args"][box["args"].index("--rate-limit-fail") + 1] == "closed"
+    assert not any("redis" in a or "--state-store" in a or "--rate-limit-store" in a
+                   for a in box["args"])
+
+
+def test_without_stores_the_gateway_gets_neither_variable():
+    body = {"metadata": {"name": "qwen", "namespace": "llm", "uid": "u"},
+            "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND,
+            "spec": {"model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "w:1"},
+                     "pools": {"decode": {"minReplicas": 1, "maxReplicas": 1}}}}
+    objects = gateway_objects(body, defaulted(r.DEPLOYMENT_KIND, body), OperatorSettings())
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    box = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert deployment["spec"]["replicas"] == 1
+    assert not {e["name"] for e in box["env"]} & {"BATON_RATE_LIMIT_STORE", "BATON_STATE_STORE"}

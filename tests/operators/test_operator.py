@@ -185,3 +185,15 @@ async def test_invalid_spec_is_degraded_and_makes_nothing(operator: Operator) ->
     assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
     assert "minReplicas must not exceed maxReplicas" in degraded["message"]
     assert await operator.kube.get("Deployment", NAMESPACE, "bad-router") is None
+
+
+async def test_gateway_replicas_without_a_shared_store_are_degraded(operator: Operator) -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["gateway"] = {"replicas": 2}
+    await create(operator, body("unshared", spec))
+    bad = await wait_for(operator, r.DEPLOYMENT_KIND, "unshared",
+                         lambda o: o.get("status", {}).get("conditions"))
+    degraded = next(c for c in bad["status"]["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "needs a shared rate-limit store" in degraded["message"]
+    assert await operator.kube.get("Deployment", NAMESPACE, "unshared-gateway") is None

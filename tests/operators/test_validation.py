@@ -101,6 +101,12 @@ RULE_CASES = {
     "engine arg the operator owns (tensor parallelism)":
         (edit(lambda s: s["pools"]["decode"].update(engineArgs={"tensor-parallel-size": "8"})),
          "engineArgs must not set flags the operator owns"),
+    "gateway replicas without a shared rate-limit store":
+        (edit(lambda s: s.update(gateway={"replicas": 2})),
+         "more than one gateway replica needs a shared rate-limit store"),
+    "gateway replicas sharing only a state store":
+        (edit(lambda s: s.update(gateway={"replicas": 3, "stateStoreSecretRef": {"name": "pg"}})),
+         "more than one gateway replica needs a shared rate-limit store"),
 }
 
 # Placements the rules must let through: within a node, whole nodes, gpus left at 1 or matching.
@@ -138,6 +144,13 @@ def test_rule_refuses(name: str) -> None:
 @pytest.mark.parametrize("name", PLACEABLE)
 def test_placeable_tensor_parallel_pools_pass(name: str) -> None:
     body = edit(lambda s: s["pools"]["decode"].update(PLACEABLE[name]))
+    validator().validate(body)
+    assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body)) == []
+
+
+def test_gateway_replicas_with_a_shared_rate_limit_store_pass() -> None:
+    body = edit(lambda s: s.update(gateway={"replicas": 4,
+                                            "rateLimitStoreSecretRef": {"name": "redis"}}))
     validator().validate(body)
     assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body)) == []
 
