@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from tests.launcher import Stack, launch_gateway, start_stack
+from tests.launcher import Stack, launch_gateway, scrape, start_stack, wait_for
 
 STREAMS = 16
 TOKENS = 120
@@ -86,3 +86,10 @@ def test_streams_survive_a_decode_worker_killed_mid_flight(stack, model, no_migr
     on, victim = asyncio.run(_run_and_kill(stack.url, model.name, stack, Stack.busiest_live_decode))
     assert on == expected, victim
     assert stack.gateway_metric("baton_gateway_migrations_total") > 0
+
+    # every request settled its rate-limit reservation once: the failed, the migrated, the rest
+    reserved = "baton_gateway_rate_limit_reserved_tokens"
+    no_migration_metrics = no_migration_url.removesuffix("/v1") + "/metrics"
+    wait_for(lambda: stack.gateway_metric(reserved) == 0 and
+             scrape(no_migration_metrics, reserved) == 0, timeout=30,
+             what="no reservation left")
