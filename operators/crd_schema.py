@@ -14,47 +14,10 @@ from typing import Any
 import yaml
 
 from baton.operators import resources as r
+from baton.operators.gateway_schema import gateway
+from baton.operators.schema_builders import (RESOURCES, Schema, integer, obj, rule,
+                                             service_component, string)
 
-Schema = dict[str, Any]
-
-
-def obj(properties: dict[str, Schema], required: list[str] | None = None, **extra: Any) -> Schema:
-    schema: Schema = {"type": "object", "properties": properties, **extra}
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def integer(description: str, minimum: int | None = None, maximum: int | None = None,
-            **extra: Any) -> Schema:
-    schema: Schema = {"type": "integer", "description": description, **extra}
-    if minimum is not None:
-        schema["minimum"] = minimum
-    if maximum is not None:
-        schema["maximum"] = maximum
-    return schema
-
-
-def string(description: str, **extra: Any) -> Schema:
-    return {"type": "string", "description": description, **extra}
-
-
-def rule(expression: str, message: str) -> dict[str, str]:
-    return {"rule": expression, "message": message}
-
-
-# The pattern is Kubernetes' own for resource.Quantity, as in the built-in CRDs' schemas.
-QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-                    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
-QUANTITY: Schema = {
-    "anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True,
-    "pattern": QUANTITY_PATTERN
-}
-RESOURCES = obj(
-    {
-        "limits": {"type": "object", "additionalProperties": QUANTITY},
-        "requests": {"type": "object", "additionalProperties": QUANTITY}
-    }, description="CPU and memory requests and limits of each replica (GPUs come from `gpus`)")
 TOLERATION = obj({
     "key": string("Taint key the toleration applies to"),
     "operator": string("How key and value match", enum=["Exists", "Equal"]),
@@ -249,60 +212,6 @@ def images() -> Schema:
             "pullPolicy": string("Image pull policy", enum=["Always", "IfNotPresent", "Never"],
                                  default="IfNotPresent"),
         }, required=["worker"])
-
-
-def service_component(name: str, port: int, protocol: str, **more: Schema) -> Schema:
-    return obj(
-        {
-            "replicas": integer(f"{name} replicas" + (
-                " (more than one needs rateLimitStoreSecretRef)" if name == "gateway" else ""),
-                minimum=1, maximum=100, default=1),
-            "port": integer(f"{name} {protocol} port", minimum=1024, maximum=65535, default=port),
-            "resources": RESOURCES,
-            **more,
-        }, default={})
-
-
-def secret_url(what: str, flag: str, variable: str) -> Schema:
-    return obj({"name": string("Secret name", minLength=1),
-                "key": string("Key holding the URL", default="url")}, required=["name"],
-               description=f"Secret holding the URL of the gateway's {what} ({flag}, given as "
-                           f"{variable} from the Secret, so a password in it stays out of the "
-                           "pod spec)")
-
-
-def gateway_rules() -> list[dict[str, str]]:
-    """Each replica keeps its own buckets unless they share a store: N replicas would grant every
-    tenant N times its limits."""
-    return [rule("self.replicas <= 1 || has(self.rateLimitStoreSecretRef)",
-                 "more than one gateway replica needs a shared rate-limit store "
-                 "(gateway.rateLimitStoreSecretRef): each replica would grant every tenant its "
-                 "limits again")]
-
-
-def gateway() -> Schema:
-    schema = service_component(
-        "gateway", 8000, "HTTP (OpenAI API, probes; not /metrics)",
-        serviceType=string("How the OpenAI endpoint is exposed",
-                           enum=["ClusterIP", "NodePort", "LoadBalancer"], default="ClusterIP"),
-        apiKeysSecretRef=obj(
-            {
-                "name": string("Secret name", minLength=1),
-                "key": string("Key holding the tenants/keys YAML", default="keys.yaml")
-            }, required=["name"],
-            description="Secret with the gateway's tenants and API keys (--api-keys-file); "
-                        "unset serves everyone as the default tenant (--no-auth)"),
-        rateLimitStoreSecretRef=secret_url(
-            "rate-limit store (redis://..., shared by the replicas; required for more than one)",
-            "--rate-limit-store", "BATON_RATE_LIMIT_STORE"),
-        rateLimitFail=string("While the rate-limit store is unreachable: open admits requests "
-                             "unlimited, closed refuses them with 503 (--rate-limit-fail)",
-                             enum=["open", "closed"], default="open"),
-        stateStoreSecretRef=secret_url(
-            "state store (postgresql://... for stored responses and usage records)",
-            "--state-store", "BATON_STATE_STORE"))
-    schema["x-kubernetes-validations"] = gateway_rules()
-    return schema
 
 
 def slos() -> Schema:

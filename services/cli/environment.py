@@ -23,6 +23,9 @@ OTHER_VARIABLES = {
     "BATON_UPDATE_GOLDEN": "rewrite the chart tests' golden files",
     "BATON_GPU_CHECK_MODEL": "the checkpoint of the GPU checks (deploy/gpu-check)",
     "BATON_GPU_CHECK_PROMPT_WORDS": "the long prompt of the GPU checks",
+    # the gateway's --state-store (stored responses, usage records), which the operator sets from
+    # spec.gateway.stateStoreSecretRef
+    "BATON_STATE_STORE": "the gateway's state store URL, from a Secret (operators/children.py)",
 }
 
 
