@@ -20,11 +20,13 @@ from baton.services.openai.engine_input import to_engine_input
 IN_FLIGHT = "baton_gateway_requests_in_flight"
 
 
-def _request(serving: Serving, stream: bool) -> ApiRequest:
+async def _request(serving: Serving, stream: bool) -> ApiRequest:
     gateway = serving.gateway
     oai = parse_request("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream})
     inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len)
-    return ApiRequest(oai, inp, gateway.default_tenant(), 2**40, new_response_id(oai), 0.0, {})
+    reservation = await gateway.limiter.admit("default", None, 1000, 10)
+    return ApiRequest(oai, inp, gateway.default_tenant(), 2**40, new_response_id(oai), 0.0, {},
+                      reservation)
 
 
 @pytest.mark.asyncio
@@ -33,11 +35,14 @@ async def test_an_unexpected_error_in_a_choice_ends_the_request_with_a_500(
         stream: bool, caplog: pytest.LogCaptureFixture) -> None:
     gateway = build_gateway(GatewayConfig(auth=False, router="127.0.0.1:1"))
     serving = Serving(gateway)
-    api = _request(serving, stream)
+    api = await _request(serving, stream)
     with caplog.at_level(logging.INFO, logger="baton.services.gateway"):
         with pytest.raises(Refused) as refused:
             await asyncio.wait_for(serving.start(api) if stream else serving.collect(api), 10)
     assert (refused.value.status, refused.value.code) == (500, "internal_error")
     assert gateway.registry.get_sample_value(IN_FLIGHT) == 0
+    # its rate-limit reservation settled too, once its choice had ended
+    assert api.reservation.settled
+    assert gateway.registry.get_sample_value("baton_gateway_rate_limit_reserved_tokens") == 0
     logged = [r for r in caplog.records if api.response_id in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.ERROR and logged[0].exc_info
