@@ -76,7 +76,8 @@ def test_detokenize_gives_back_the_text(http, model, tokenizer):
     answer = http.post("/detokenize", json={"tokens": tokens, "model": model.name})
     assert answer.json() == {"prompt": PROMPT}
     chat = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
-    assert http.post("/detokenize", json={"tokens": chat}).json()["prompt"] == tokenizer.decode(chat)
+    decoded = http.post("/detokenize", json={"tokens": chat}).json()["prompt"]
+    assert decoded == tokenizer.decode(chat)
     assert http.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
 
 
