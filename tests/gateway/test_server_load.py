@@ -1,6 +1,6 @@
 """GET /load answers vLLM's {"server_load": requests in flight}: it rises with each stream the
 gateway serves and falls back as each one's client leaves. A sim worker taking 50 ms a step keeps
-a stream of 1,000 tokens running for close to a minute, far longer than the polls need; each
+a stream of 2,000 tokens running for over a minute and a half, far longer than the polls need; each
 stream is closed by its client as soon as its count is seen."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_load_counts_the_requests_in_flight(port):
     streams = []
     for expected in (1, 2):
         stream = client.completions.create(model="tiny-llama", prompt="Once upon a time",
-                                           max_tokens=1000, stream=True,
+                                           max_tokens=2000, stream=True,
                                            extra_body={"ignore_eos": True})
         next(iter(stream))  # started: the gateway counts it from placement to its end
         streams.append(stream)
