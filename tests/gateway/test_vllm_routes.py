@@ -66,10 +66,12 @@ def test_tokenize_messages_renders_them_as_chat_does(http, client, model, tokeni
             text = tokenizer.apply_chat_template(MESSAGES, tools=tools, tokenize=False,
                                                  add_generation_prompt=generation_prompt)
             assert answer.json()["tokens"] == tokenizer.encode(text, add_special_tokens=False)
-    counted = http.post("/tokenize", json={"messages": MESSAGES, "tools": TOOLS}).json()["count"]
-    billed = client.chat.completions.create(model=model.name, messages=MESSAGES, tools=TOOLS,
-                                            max_tokens=1)
-    assert billed.usage.prompt_tokens == counted
+    for generation_prompt in (True, False):
+        flag = {"add_generation_prompt": generation_prompt}
+        counted = http.post("/tokenize", json={"messages": MESSAGES, "tools": TOOLS, **flag})
+        billed = client.chat.completions.create(model=model.name, messages=MESSAGES, tools=TOOLS,
+                                                max_tokens=1, extra_body=flag)
+        assert billed.usage.prompt_tokens == counted.json()["count"]
 
 
 def test_detokenize_gives_back_the_text(http, model, tokenizer):
