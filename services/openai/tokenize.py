@@ -58,6 +58,10 @@ class DetokenizeResponse(BaseModel):
 
 
 def _validated(cls: type[BaseModel], body: dict[str, Any]) -> Any:
+    unknown = [key for key in body if key not in cls.model_fields]
+    if unknown:  # named as the completions and chat requests name theirs
+        raise ProtocolError(f"unknown field `{unknown[0]}`", param=unknown[0],
+                            code="unknown_parameter")
     try:
         return cls.model_validate(body)
     except ValidationError as e:

@@ -114,6 +114,17 @@ def test_bad_requests_get_openai_errors(http, path, body, status, param):
     assert error["param"] == param and error["message"] and error["type"], error
 
 
+@pytest.mark.parametrize("path, body, code", [
+    ("/tokenize", {"prompt": "a", "temperature": 0.5}, "unknown_parameter"),
+    ("/tokenize", {"messages": MESSAGES, "temperature": 0.5}, "unknown_parameter"),
+    ("/detokenize", {"tokens": [1], "skip_special_tokens": True}, "unknown_parameter"),
+    ("/tokenize", {"prompt": "a", "model": "other"}, "model_not_found"),
+    ("/invocations", {"input": "embed me"}, "unsupported_request"),
+])
+def test_refusals_carry_their_codes(http, path, body, code):
+    assert http.post(path, json=body).json()["error"]["code"] == code
+
+
 @pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/invocations"])
 def test_a_body_that_is_not_json_is_refused(http, path):
     answer = http.post(path, content=b'{"prompt": ', headers={"Content-Type": "application/json"})
