@@ -11,6 +11,10 @@ placement, SSE chunks).
 - throughput: concurrent streamed completions; tokens counted from each stream's usage chunk. Tokens
   per gateway CPU-second is also given: on a shared machine the wall-clock rate also depends on the
   neighbours' load.
+
+With --rate-limit-store REDIS_URL the same is measured twice in one run, one row each: the tenant's
+limits kept in the gateway's memory, then in Redis (a Lua script at admission, another at
+settlement), so the store's cost shows side by side.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import os
 import random
 import socket
 import time
+import uuid
 from pathlib import Path
 
 from baton.loadtest.sim.replay import quantile
@@ -47,14 +52,15 @@ def register(kinds: argparse._SubParsersAction) -> None:
                         help="throughput: streams in all")
     parser.add_argument("--max-tokens", type=int, default=512, help="throughput: tokens per stream")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate-limit-store", default=None,
+                        help="also measure a gateway keeping its limits in this Redis URL")
     parser.add_argument("--output-json", type=Path, default=None,
                         help="write the figures to this file")
     parser.set_defaults(func=run)
 
 
 def _start(started: list[ServiceProcess]) -> tuple[ServiceProcess, ServiceProcess]:
-    """Worker, router and gateway (no auth), each put at the front of `started` so a failure stops
-    them all."""
+    """Worker and router, each put at the front of `started` so a failure stops them all."""
     worker = launch_service("sim-worker", ["worker", "--role", "mixed", "--port", str(free_port()),
                                            "--metrics-port", str(free_port()),
                                            "--kv-transport", "grpc", *_ZERO_STEP],
@@ -64,13 +70,22 @@ def _start(started: list[ServiceProcess]) -> tuple[ServiceProcess, ServiceProces
                                        "--metrics-port", str(free_port()), "--model", "tiny-llama",
                                        "--workers", worker.address])
     started.insert(0, router.wait_ready())
+    return worker, router
+
+
+def _start_gateway(started: list[ServiceProcess], router: ServiceProcess,
+                   store: str | None) -> ServiceProcess:
+    """A gateway (no auth) whose default tenant has limits never reached: each request is admitted
+    and settled as a limited one is."""
+    where = [] if store is None else [
+        "--rate-limit-store", store, "--rate-limit-key-prefix", f"baton-bench:{uuid.uuid4().hex}:"]
     gateway = launch_service("gateway", ["gateway", "--host", "127.0.0.1",
                                          "--port", str(free_port()), "--router", router.address,
                                          "--no-auth",
                                          "--default-requests-per-minute", "1000000000",
-                                         "--default-tokens-per-minute", "1000000000000"])
+                                         "--default-tokens-per-minute", "1000000000000", *where])
     started.insert(0, gateway.wait_ready())
-    return worker, gateway
+    return gateway
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -173,9 +188,15 @@ async def _measure(args: argparse.Namespace, worker: ServiceProcess,
 def run(args: argparse.Namespace) -> int:
     load = os.getloadavg()  # before the run, which adds its own load
     started: list[ServiceProcess] = []
+    rows = []
     try:
-        worker, gateway = _start(started)
-        rows = asyncio.run(_measure(args, worker, gateway))
+        worker, router = _start(started)
+        stores = [None] + ([args.rate_limit_store] if args.rate_limit_store else [])
+        for store in stores:
+            gateway = _start_gateway(started, router, store)
+            limits = {"limits": "in-process" if store is None else "redis"}
+            rows += [{**limits, **row} for row in asyncio.run(_measure(args, worker, gateway))]
+            gateway.terminate()
     finally:
         for service in started:
             service.terminate()
