@@ -28,7 +28,7 @@ class EngineInput:
 def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, max_model_len: int,
                     max_logprobs: int = 20, vocab_size: int | None = None) -> EngineInput:
     """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or
-    oversized input.
+    oversized input. max_logprobs -1: no limit.
     vocab_size: the model's, which logit_bias ids must fall in (None: the engine checks them)."""
     prompt = request.prompt_token_ids(tokenizer)
     if not prompt:
@@ -43,8 +43,10 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     structured_field, structured = _structured_output(request)
-    derived = dict(max_tokens=max_tokens, logprobs=logprobs, logit_bias=logit_bias,
-                   prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
+    derived = dict(max_tokens=max_tokens, logit_bias=logit_bias, structured_output=structured,
+                   logprobs=_whole_vocabulary(logprobs, logprobs_field, vocab_size),
+                   prompt_logprobs=_whole_vocabulary(request.prompt_logprobs_k(),
+                                                     "prompt_logprobs", vocab_size))
     # Every other sampling parameter is a request field of the same name and meaning, copied as
     # sent.
     params = SamplingParams(
@@ -62,6 +64,16 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
                  "structured_output": structured_field}.get(field, field)
         raise ProtocolError(f"{param} {detail}", param=param) from None
     return EngineInput(prompt, params, request.n, -request.priority, request.cache_salt)
+
+
+def _whole_vocabulary(k: int | None, field: str, vocab_size: int | None) -> int | None:
+    """vLLM's -1 for top logprobs: every token of the vocabulary."""
+    if k != -1:
+        return k
+    if vocab_size is None:
+        raise ProtocolError(f"{field} -1 (the whole vocabulary) is not available here",
+                            param=field)
+    return vocab_size
 
 
 def _structured_output(request: OpenAIRequest) -> tuple[str | None, StructuredOutput | None]:

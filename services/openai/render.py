@@ -46,13 +46,18 @@ class Choice:
 
 
 class TokenText:
-    """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot)."""
+    """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot);
+    `as_ids`: vLLM's return_tokens_as_token_ids, every token as "token_id:N", which tells apart
+    tokens that decode alike (byte fragments of one character)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.as_ids = as_ids
         self.cache: dict[int, str] = {}
 
     def __call__(self, token_id: int) -> str:
+        if self.as_ids:
+            return f"token_id:{token_id}"
         if token_id not in self.cache:
             self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return self.cache[token_id]
@@ -144,7 +149,10 @@ def chat_choice(request: ChatCompletionRequest, c: Choice, index: int, text_of: 
     logprobs = None
     if c.logprobs is not None:
         logprobs = {"content": [chat_logprob(lp, text_of) for lp in c.logprobs]}
-    message, called = message_with_calls(c.text, tool_parser)
+    message, called = message_with_calls(c.text, tool_parser, c.finish_reason == "length")
+    echoed = request.echo_text()
+    if echoed:
+        message["content"] = echoed + (message["content"] or "")
     finish_reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
     choice = {"index": index, "message": message, "logprobs": logprobs,
               "finish_reason": finish_reason, "stop_reason": c.stop_reason}
@@ -166,7 +174,7 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
     """The response body for a finished request; choices are its n in order. `tool_parser` reads
     tool calls in the model family's format, for chat requests whose tool_choice is auto."""
     chat = isinstance(request, ChatCompletionRequest)
-    text_of = TokenText(tokenizer)
+    text_of = TokenText(tokenizer, bool(request.return_tokens_as_token_ids))
     if request.scores_only:
         choices = [_prompt_only(c) for c in choices]
     if isinstance(request, ChatCompletionRequest):
@@ -187,7 +195,7 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
     }
     if chat and request.return_token_ids:
         body["prompt_token_ids"] = choices[0].prompt_token_ids
-    if chat and request.prompt_logprobs is not None:  # vLLM puts chat's at the top level
-        body["prompt_logprobs"] = vllm_prompt_logprobs(choices[0].prompt_logprobs or [None],
-                                                       text_of, _clamp)
+    if chat:  # vLLM puts chat's at the top level, null when not asked for
+        body["prompt_logprobs"] = None if request.prompt_logprobs is None else \
+            vllm_prompt_logprobs(choices[0].prompt_logprobs or [None], text_of, _clamp)
     return body

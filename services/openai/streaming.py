@@ -44,8 +44,17 @@ class ChunkWriter(ABC):
                      "model": model}
         self.text_of = text_of
 
-    def _chunk(self, choice: dict[str, Any]) -> str:
-        return sse({**self.base, "choices": [choice]})
+    def _chunk(self, choice: dict[str, Any], state: Choice | None = None) -> str:
+        """A chunk of one choice; with continuous_usage_stats, the usage of `state` so far (vLLM
+        counts each choice's own tokens)."""
+        chunk = {**self.base, "choices": [choice]}
+        options = self.request.stream_options
+        if state is not None and options is not None and options.include_usage and \
+                options.continuous_usage_stats:
+            generated = 0 if self.request.scores_only else len(state.token_ids)
+            chunk["usage"] = usage_body(len(state.prompt_token_ids), generated,
+                                        state.num_cached_tokens)
+        return sse(chunk)
 
     def opening(self, states: list[Choice]) -> list[str]:
         """The chunks sent before any choice's first message."""
@@ -62,7 +71,7 @@ class ChunkWriter(ABC):
         choice = {"index": state.index, **self._fields(state, new, want, finish)}
         if self.request.return_token_ids:
             choice["token_ids"] = list(new.token_ids)
-        return self._chunk(choice)
+        return self._chunk(choice, state)
 
     @abstractmethod
     def _fields(self, state: Choice, new: Delta, want: bool,
@@ -136,9 +145,11 @@ class ChatChunkWriter(ChunkWriter):
         self.tool_streams: dict[int, ToolCallStream] = {}
 
     def opening(self, states: list[Choice]) -> list[str]:
-        """Each choice opens with the assistant role, as OpenAI's streams do."""
-        return [self._chunk({"index": s.index, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}) for s in states]
+        """Each choice opens with the assistant role, as OpenAI's streams do; with echo, the
+        content it continues (vLLM's echo)."""
+        echoed = self.request.echo_text()
+        return [self._chunk({"index": s.index, "delta": {"role": "assistant", "content": echoed},
+                             "logprobs": None, "finish_reason": None}, s) for s in states]
 
     def _fields(self, state: Choice, new: Delta, want: bool,
                 finish: dict[str, Any]) -> dict[str, Any]:
