@@ -98,13 +98,13 @@ class Serving:
         span = tracer.start_span(
             "request", context=propagate.extract(api.trace_headers), attributes={
                 "baton.request_id": api.response_id, "baton.tenant": api.tenant.name,
-                "baton.prompt_tokens": len(api.inp.prompt_token_ids)
+                "baton.prompt_tokens": api.inp.prompt_tokens
             })
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         logprobs = api.oai.logprobs_k()[1] is not None
-        states = [ChoiceState(i, api.inp.prompt_token_ids, logprobs=[] if logprobs else None)
-                  for i in range(api.inp.n)]
+        states = [ChoiceState(i, api.inp.prompt_of(i), logprobs=[] if logprobs else None)
+                  for i in range(api.inp.choices)]
         events: asyncio.Queue = asyncio.Queue()
         tasks = [
             asyncio.ensure_future(self._run_choice(api, s, events, tuple(carrier.items())))
@@ -142,7 +142,7 @@ class Serving:
         # the usage line a tenant's billing reads: who it was for, and what they attached
         log.info("request %s usage: tenant %s, end user %s, %d prompt tokens, %d completion "
                  "tokens, metadata %s", api.response_id, api.tenant.name, api.oai.end_user(),
-                 len(api.inp.prompt_token_ids), sum(len(s.token_ids) for s in running.states),
+                 api.inp.prompt_tokens, sum(len(s.token_ids) for s in running.states),
                  json.dumps(api.oai.metadata) if api.oai.metadata else "none")
 
     async def finish(self, running: Running) -> None:
@@ -155,7 +155,7 @@ class Serving:
         salt = api.tenant.cache_salt or ""
         if inp.cache_salt:
             salt = f"{salt}|{inp.cache_salt}"
-        return ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
+        return ChoiceRequest(f"{api.response_id}-{state.index}", state.prompt_token_ids,
                              inp.params.for_choice(state.index), api.tenant.name,
                              api.priority, salt, slo.ttft_ms if slo else None,
                              slo.tpot_ms if slo else None, metadata,
@@ -201,8 +201,8 @@ class Serving:
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
         metrics.completion_tokens.labels(label).inc(tokens)
-        if state.index == 0:
-            metrics.prompt_tokens.labels(label).inc(len(api.inp.prompt_token_ids))
+        if state.index % api.inp.n == 0:  # each prompt once, whatever n
+            metrics.prompt_tokens.labels(label).inc(len(state.prompt_token_ids))
         self.gateway.limiter.refund(tenant, api.inp.params.max_tokens - tokens)
 
     async def _events(self, running: Running) -> AsyncIterator[tuple[int, object]]:

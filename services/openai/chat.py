@@ -127,12 +127,13 @@ class ChatCompletionRequest(BaseRequest):
         if problem:
             raise ProtocolError(problem[1], param=problem[0])
 
-    def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    def prompts_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+        """The one prompt: the messages rendered by the chat template."""
         messages = [m.for_template() for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         text = render_chat(tokenizer, messages, tools, self.add_generation_prompt,
                            self.continue_final_message, self.template_variables())
-        return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        return [tokenizer.encode(text, add_special_tokens=self.add_special_tokens)]
 
     def template_variables(self) -> dict[str, Any]:
         """What the chat template sees besides messages and tools; chat_template_kwargs win over

@@ -117,9 +117,15 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def prompt_text(request: CompletionRequest, text_of: TokenText) -> str:
-    prompt = request.prompt
+def prompt_text(request: CompletionRequest, index: int, text_of: TokenText) -> str:
+    """The text of the prompt choice `index` answers (echo)."""
+    prompt = request.prompt[index // request.n]
     return prompt if isinstance(prompt, str) else text_of.tokenizer.decode(prompt)
+
+
+def prompt_tokens(request: OpenAIRequest, choices: list[Choice]) -> int:
+    """Usage's prompt tokens: each prompt once (a batch's n choices of one prompt share it)."""
+    return sum(len(c.prompt_token_ids) for c in choices[::request.n])
 
 
 def completion_choice(request: CompletionRequest, c: Choice, index: int,
@@ -128,7 +134,7 @@ def completion_choice(request: CompletionRequest, c: Choice, index: int,
     logprobs = None if c.logprobs is None else completion_logprobs(c.logprobs, text_of)
     text = c.text
     if request.echo:
-        text = prompt_text(request, text_of) + text
+        text = prompt_text(request, index, text_of) + text
         if c.logprobs is not None:
             prompt_logprobs = c.prompt_logprobs or [None]
             logprobs = echo_logprobs(c.prompt_token_ids, prompt_logprobs, c.logprobs, text_of)
@@ -182,7 +188,6 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
         bodies = [chat_choice(request, c, i, text_of, parser) for i, c in enumerate(choices)]
     else:
         bodies = [completion_choice(request, c, i, text_of) for i, c in enumerate(choices)]
-    prompt_tokens = len(choices[0].prompt_token_ids)
     completion_tokens = sum(len(c.token_ids) for c in choices)
     body: dict[str, Any] = {
         "id": response_id or new_response_id(request),
@@ -190,7 +195,7 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
         "created": int(time.time()),
         "model": model,
         "choices": bodies,
-        "usage": usage_body(prompt_tokens, completion_tokens,
+        "usage": usage_body(prompt_tokens(request, choices), completion_tokens,
                             max(c.num_cached_tokens for c in choices)),
     }
     if chat and request.return_token_ids:

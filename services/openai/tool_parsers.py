@@ -261,11 +261,14 @@ class ToolCallStream:
     def called(self) -> bool:
         return bool(self.arguments_sent)
 
-    def feed(self, text: str, final: bool) -> dict[str, Any]:
+    def feed(self, text: str, final: bool, truncated: bool = False) -> dict[str, Any]:
         """The delta for `text` (appended to what came before): {"content": ...} and/or
-        {"tool_calls": [...]}."""
+        {"tool_calls": [...]}. A final text `truncated` by max_tokens keeps the calls begun, as
+        message_with_calls reads it."""
         self.text += text
-        parsed = self.parser.parse(self.text, final)
+        parsed = self.parser.parse(self.text, final and not truncated)
+        if final and truncated and not any(c.name is not None for c in parsed.calls):
+            parsed = self.parser.parse(self.text, True)
         delta: dict[str, Any] = {}
         if len(parsed.content) > self.content_sent:
             delta["content"] = parsed.content[self.content_sent:]

@@ -95,11 +95,11 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
                 config.max_logprobs, gateway.vocab_size))
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
-                          len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
+                          inp.prompt_tokens + inp.params.max_tokens * inp.choices)
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
                      _trace_headers(request))
-    log.debug("request %s: %d prompt tokens, n=%d, tenant %s, end user %s, priority %d",
-              api.response_id, len(inp.prompt_token_ids), inp.n, tenant.name, oai.end_user(),
+    log.debug("request %s: %d prompt tokens, %d choices, tenant %s, end user %s, priority %d",
+              api.response_id, inp.prompt_tokens, inp.choices, tenant.name, oai.end_user(),
               priority)
     if oai.stream:
         # Placement errors become HTTP statuses before the stream opens; a client that leaves
