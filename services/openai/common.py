@@ -90,7 +90,9 @@ class BaseRequest(BaseModel):
     safety_identifier: str | None = Field(None, max_length=256)
     # OpenAI's prompt-caching hint: requests sharing it go to the same worker (router affinity).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=1024)
-    metadata: dict[str, str] | None = None  # echoed in the response, logged with the usage
+    # Logged with the request's usage; OpenAI keeps it with stored completions, and its chat and
+    # completions responses carry none, so neither do these.
+    metadata: dict[str, str] | None = None
     # vLLM's: logprobs' tokens as "token_id:N" (None: the server's --return-tokens-as-token-ids)
     return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool = False
@@ -120,7 +122,7 @@ class BaseRequest(BaseModel):
             raise ProtocolError("the request body must be a JSON object", param="body")
         # null means "default" for every field, as in vLLM.
         body = {k: v for k, v in body.items() if v is not None}
-        ignored = []
+        ignored: list[str] = []
         for key in [k for k in body if k not in cls.model_fields]:
             accept = cls.UNSUPPORTED.get(key)
             if accept is None and strict:
