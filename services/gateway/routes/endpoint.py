@@ -80,7 +80,13 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
     tenant = gateway.keys.tenant_for(request.headers.get("authorization")) if gateway.keys else \
         gateway.default_tenant()
     raw = await read_body(request, config.max_request_body_bytes)
-    oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth))
+    oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth),
+                        config.strict_request_fields)
+    if oai.ignored_fields:
+        log.warning("%s: the request's fields %s are not defined by this API and were ignored",
+                    endpoint.url, ", ".join(sorted(oai.ignored_fields)))
+    if oai.return_tokens_as_token_ids is None:
+        oai.return_tokens_as_token_ids = config.return_tokens_as_token_ids
     if oai.model is not None and oai.model != gateway.model_name:
         return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
                                    f"`{gateway.model_name}`", "model_not_found", param="model")
@@ -94,14 +100,15 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         _reserved_tokens(oai, inp, config.rate_limit_output_estimate))
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
                      _trace_headers(request), reservation)
-    log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
-              len(inp.prompt_token_ids), inp.n, tenant.name, priority)
+    log.debug("request %s: %d prompt tokens, %d choices, tenant %s, end user %s, priority %d",
+              api.response_id, inp.prompt_tokens, inp.choices, tenant.name, oai.end_user(),
+              priority)
     try:
         return await _serve(serving, endpoint, request, api)
     finally:
         if not api.launched:
             # never reached the orchestrator (cancelled first): no choice will settle it
-            reservation.settle(len(inp.prompt_token_ids))
+            reservation.settle(inp.prompt_tokens)
 
 
 def _reserved_tokens(oai: BaseRequest, inp: EngineInput, estimate: int) -> int:
@@ -110,7 +117,7 @@ def _reserved_tokens(oai: BaseRequest, inp: EngineInput, estimate: int) -> int:
     per_choice = inp.params.max_tokens
     if oai.requested_max_tokens()[1] is None:
         per_choice = min(per_choice, estimate)
-    return len(inp.prompt_token_ids) + per_choice * inp.n
+    return inp.prompt_tokens + per_choice * inp.choices
 
 
 async def _serve(serving: Serving, endpoint: Endpoint, request: Request,
