@@ -14,9 +14,9 @@ from baton.operators.workers import served_model_name
 Obj = dict[str, Any]
 KEYS_DIR = "/etc/baton/keys"
 # `baton router --scorers`: least-loaded placement is prefix-aware placement blind to caches
-# (the default scorers with prefix_overlap weighted 0).
-LEAST_LOADED_SCORERS = ("prefix_overlap:0,kv_utilization:1,queued_prefill_tokens:1,"
-                        "inflight_requests:1")
+# (the default scorers with prefix_overlap and affinity_key weighted 0).
+LEAST_LOADED_SCORERS = ("prefix_overlap:0,affinity_key:0,kv_utilization:1,"
+                        "queued_prefill_tokens:1,inflight_requests:1")
 POLICY_ARGS = {"prefix-aware": [], "least-loaded": ["--scorers", LEAST_LOADED_SCORERS]}
 
 

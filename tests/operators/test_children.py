@@ -34,7 +34,8 @@ def test_least_loaded_is_the_default_scorers_with_the_prefix_scorer_off():
     add_settings_arguments(parser, RouterConfig)
     scorers = args[args.index("--scorers"):args.index("--scorers") + 2]
     config = settings_from_args(RouterConfig, parser.parse_args(scorers))
-    expected = {e.name: (0.0 if e.name == "prefix_overlap" else e.weight)
+    # the scorers that favour a worker for its cache (prefixes, affinity keys) weigh nothing
+    expected = {e.name: (0.0 if e.name in ("prefix_overlap", "affinity_key") else e.weight)
                 for e in RouterConfig().scorers}
     assert {e.name: e.weight for e in config.scorers} == expected
 
