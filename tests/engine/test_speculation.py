@@ -3,10 +3,12 @@ cache are what they are without it, drafts accepted or not."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.metrics import EngineCollector
 from tests.engine.engine_helpers import random_prompts
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, ' \
@@ -137,3 +139,23 @@ def test_sampled_requests_speculate_and_finish(tiny_model_dirs, prompts):
     assert all(lp.token_id == t for o in got for lp, t in zip(o.logprobs, o.token_ids))
     assert engine.speculator.stats.num_accepted_tokens > 0
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_metrics_have_vllm_meaning(tiny_model_dirs, prompts):
+    model = tiny_model_dirs["llama"]
+    plain, _ = run(model, prompts, GREEDY, block_size=4)
+    refs = [list(p) + list(o.token_ids) for p, o in zip(prompts, plain)]
+    _, engine = run(model, prompts, GREEDY, NGRAM, OracleProposer(refs), block_size=4)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+    text = generate_latest(registry).decode()
+    stats = engine.speculator.stats
+    for name, value in (("num_drafts", stats.num_drafts),
+                        ("num_draft_tokens", stats.num_draft_tokens),
+                        ("num_accepted_tokens", stats.num_accepted_tokens)):
+        assert f'baton_spec_decode_{name}_total{{model_name="llama"}} {float(value)}' in text
+    per_pos = [registry.get_sample_value("baton_spec_decode_num_accepted_tokens_per_pos_total",
+                                         {"model_name": "llama", "position": str(j)})
+               for j in range(4)]
+    assert sum(per_pos) == stats.num_accepted_tokens > 0
+    assert per_pos == sorted(per_pos, reverse=True)
