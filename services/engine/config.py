@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from baton.services.common.settings import BatonSettings
+from baton.services.engine.speculation.config import parse_speculative_config
 
 
 class EngineConfig(BatonSettings):
@@ -54,6 +55,12 @@ class EngineConfig(BatonSettings):
     grammar_cache_size: int = Field(
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")
+    speculative_config: str | None = Field(
+        None,
+        description="Speculative decoding, as vLLM's JSON: method ngram with "
+                    "num_speculative_tokens (1-16), prompt_lookup_min/max and "
+                    "disable_by_batch_size (a step with more sequences does not speculate); "
+                    "other methods and keys are refused")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
@@ -71,3 +78,9 @@ class EngineConfig(BatonSettings):
                                                    description="sim: cost of each decode row")
     sim_decode_seconds_per_context_token: float = Field(
         0.0, ge=0, description="sim: cost per context token a decode row reads (KV bandwidth)")
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative_config(cls, value: str | None) -> str | None:
+        parse_speculative_config(value)  # raises, naming the key, before anything loads
+        return value
