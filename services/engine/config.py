@@ -94,8 +94,3 @@ class EngineConfig(BatonSettings):
         if self.preemption_mode == "swap" and self.kv_offload_host_gib == 0:
             raise ValueError("preemption_mode swap needs a host tier: set kv_offload_host_gib")
         return self
-
-    @property
-    def swaps(self) -> bool:
-        """Whether a preempted request's blocks go to the host tier rather than being dropped."""
-        return self.kv_offload_host_gib > 0 and self.preemption_mode != "recompute"

@@ -115,7 +115,8 @@ class LLMEngine:
         self.tiers = build_tiers(config, self.runner)
         self.blocks.offload = self.tiers
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
-                                   config.enable_chunked_prefill, self.tiers, config.swaps)
+                                   config.enable_chunked_prefill, self.tiers,
+                                   swap=config.preemption_mode != "recompute")
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = EngineCounters()
         # Both ends of a KV hand-off: sequences with blocks taken outside the batch (kv/handoff.py).
