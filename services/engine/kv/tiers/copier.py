@@ -65,6 +65,13 @@ class CopyWorker(threading.Thread):
                 self._finish_load(job)
 
     def _store(self, stores: list[Store]) -> None:
+        """In rounds of at most the host tier's size, so that a round larger than the tier pushes
+        the blocks of the one before on to disk rather than being cut short."""
+        step = max(1, self.tiers.host.capacity)
+        for i in range(0, len(stores), step):
+            self._store_round(stores[i:i + step])
+
+    def _store_round(self, stores: list[Store]) -> None:
         tiers, host = self.tiers, self.tiers.host
         plan: list[tuple[Store, int]] = []
         evicted: list[tuple[int, bytes]] = []

@@ -102,12 +102,13 @@ class DiskTier:
         self._path(block_hash).unlink(missing_ok=True)
 
     def write(self, block_hash: int, payload: bytes) -> bool:
-        """Stores a block; False when the tier no longer writes or the write failed."""
-        if not self.writable or self.capacity < 1:
-            return False
+        """Stores a block; False when nothing was written: the tier holds it already, no longer
+        writes, or the write failed."""
         if block_hash in self.index:
             self.index.move_to_end(block_hash)
-            return True
+            return False
+        if not self.writable or self.capacity < 1:
+            return False
         while len(self.index) >= self.capacity:
             self._evict()
         path = self._path(block_hash)
