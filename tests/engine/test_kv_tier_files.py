@@ -90,6 +90,7 @@ def test_full_disk_stops_writing_and_changes_no_output(reference, tmp_path: Path
     try:
         with caplog.at_level(logging.ERROR, "baton.services.engine.kv.tiers.disk"):
             got = [o.token_ids for o in e.generate(PROMPTS + PROMPTS, GREEDY)]
+            e.close()  # every copy done, the disk writes tried
         assert got == outputs
         disk = e.tiers.stats["disk"]
         assert disk.write_errors == 1 and not e.tiers.disk.writable
@@ -106,6 +107,7 @@ WRITER = textwrap.dedent("""
     from tests.engine.tiers_helpers import GREEDY, conversations, engine
     e = engine(kv_offload_host_gib=float(sys.argv[1]), kv_offload_disk_dir=sys.argv[2])
     e.generate(conversations(6, seed=3), GREEDY)
+    e.tiers.flush()  # every block it evicted is on disk; then the kill
     print("written", flush=True)
     time.sleep(600)
 """)

@@ -27,6 +27,7 @@ def test_host_tier_outputs_equal_and_fewer_tokens_computed(reference) -> None:
     e = engine(kv_offload_host_gib=host_gib)
     try:
         got, cached = two_turns(e, PROMPTS)
+        e.close()  # every copy done
         assert got == outputs
         host = e.tiers.stats["host"]
         assert host.hits > 0 and host.blocks_loaded > 0
@@ -48,6 +49,7 @@ def test_swap_preemption_outputs_equal_recompute(reference) -> None:
     swap = engine(kv_offload_host_gib=reference[2], **params)
     try:
         assert [o.token_ids for o in swap.generate(PROMPTS, long)] == expected
+        swap.close()
         assert swap.scheduler.stats.preemptions_swapped == swap.scheduler.stats.preemptions > 0
         assert swap.tiers.stats["host"].blocks_loaded > 0
         assert swap.counters.prompt_tokens_computed < recompute.counters.prompt_tokens_computed
@@ -67,6 +69,7 @@ def test_disk_tier_outputs_equal(reference, tmp_path) -> None:
     e = engine(kv_offload_host_gib=host_gib * 12 / 400, kv_offload_disk_dir=str(tmp_path))
     try:
         got, cached = two_turns(e, PROMPTS)
+        e.close()
         assert got == outputs
         disk = e.tiers.stats["disk"]
         assert disk.blocks_stored > 0 and disk.hits > 0 and disk.blocks_loaded > 0
@@ -84,6 +87,7 @@ def test_host_memory_never_exceeds_its_setting(reference) -> None:
         assert e.tiers.host.capacity == 10
         assert e.tiers.host.pool.numel() <= setting * GIB
         got, _ = two_turns(e, PROMPTS)
+        e.close()
         assert got == reference[0]
         host = e.tiers.stats["host"]
         assert host.blocks_stored > 10  # it evicted, and stayed within its slots

@@ -32,6 +32,8 @@ def two_turns(e: LLMEngine, prompts: list[list[int]],
     and answer plus a new message. Returns every turn's output tokens, and the second turns' cached
     token counts."""
     first = e.generate(prompts, params)
+    if e.tiers is not None:
+        assert e.tiers.flush()  # the first turns' blocks are in their tiers before the second
     rng = random.Random(1)
     follow = [p + o.token_ids + [rng.randrange(5, 250) for _ in range(6)]
               for p, o in zip(prompts, first)]

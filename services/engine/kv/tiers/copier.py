@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from baton.services.engine.kv.tiers.jobs import Load, Store
+from baton.services.engine.kv.tiers.jobs import Flush, Load, Store
 
 if TYPE_CHECKING:
     from baton.services.engine.kv.tiers.manager import TierManager
@@ -50,6 +50,9 @@ class CopyWorker(threading.Thread):
             for job in jobs:
                 if isinstance(job, Load):
                     self._guarded(self._load, job)
+            for job in jobs:
+                if isinstance(job, Flush):
+                    job.done.set()
             if None in jobs:
                 return
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass, field
 
 _ids = itertools.count()
@@ -26,3 +27,9 @@ class Load:
     id: int = field(default_factory=lambda: next(_ids))
     loaded: int = 0  # leading blocks in place when done: a failed disk read ends the prefix
     done: bool = False
+
+
+@dataclass
+class Flush:
+    """Set once every job queued before it has been done (tests and benchmarks wait on it)."""
+    done: threading.Event = field(default_factory=threading.Event)

@@ -16,7 +16,7 @@ from baton.services.engine.kv.layout import byte_view
 from baton.services.engine.kv.tiers.copier import CopyWorker
 from baton.services.engine.kv.tiers.disk import DiskTier
 from baton.services.engine.kv.tiers.host import HostTier
-from baton.services.engine.kv.tiers.jobs import Load, Store, TierHit
+from baton.services.engine.kv.tiers.jobs import Flush, Load, Store, TierHit
 from baton.services.engine.kv.tiers.stats import TierStats
 
 GIB = 1 << 30
@@ -39,7 +39,7 @@ class TierManager:
         self.storing: dict[int, int] = {}  # device block -> hash, copy to host queued or running
         self.storing_hashes: set[int] = set()
         self.finished: list[Load] = []
-        self.jobs: queue.SimpleQueue[Store | Load | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[Store | Load | Flush | None] = queue.SimpleQueue()
         self.worker = CopyWorker(self)
         self.worker.start()
 
@@ -120,6 +120,12 @@ class TierManager:
         if self.disk is not None:
             out["disk"] = (self.disk.bytes_used, self.disk.capacity * self.disk.file_bytes)
         return out
+
+    def flush(self, timeout: float = 120.0) -> bool:
+        """Waits until every copy queued so far is done (blocks evicted from host on disk too)."""
+        job = Flush()
+        self.jobs.put(job)
+        return job.done.wait(timeout)
 
     def close(self) -> None:
         self.jobs.put(None)
