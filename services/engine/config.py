@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from baton.services.common.settings import BatonSettings
+from baton.services.engine.speculation.config import parse_speculative_config
 
 
 class EngineConfig(BatonSettings):
@@ -47,7 +48,10 @@ class EngineConfig(BatonSettings):
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")
-    max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
+    max_logprobs: int = Field(
+        20, ge=-1,
+        description="Most top logprobs a request may ask for (-1: no limit, so a request may ask "
+                    "for the whole vocabulary with -1)")
     grammar_cache_size: int = Field(
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")
@@ -65,6 +69,12 @@ class EngineConfig(BatonSettings):
         description="What a preempted request's KV becomes: swap keeps its full blocks in the "
                     "host tier and loads them back on resume; recompute drops them; auto is swap "
                     "with a host tier, else recompute")
+    speculative_config: str | None = Field(
+        None,
+        description="Speculative decoding, as vLLM's JSON: method ngram with "
+                    "num_speculative_tokens (1-16), prompt_lookup_min/max and "
+                    "disable_by_batch_size (a step with more sequences does not speculate); "
+                    "other methods and keys are refused")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
@@ -94,3 +104,9 @@ class EngineConfig(BatonSettings):
         if self.preemption_mode == "swap" and self.kv_offload_host_gib == 0:
             raise ValueError("preemption_mode swap needs a host tier: set kv_offload_host_gib")
         return self
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative_config(cls, value: str | None) -> str | None:
+        parse_speculative_config(value)  # raises, naming the key, before anything loads
+        return value
