@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from baton.services.common.settings import BatonSettings
 from baton.services.engine.speculation.config import parse_speculative_config
@@ -55,6 +55,20 @@ class EngineConfig(BatonSettings):
     grammar_cache_size: int = Field(
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")
+    kv_offload_host_gib: float = Field(
+        0.0, ge=0,
+        description="Host-memory KV tier in GiB below the device cache (0 = off): freed prefix "
+                    "blocks are kept there and loaded back instead of recomputed")
+    kv_offload_disk_dir: str | None = Field(
+        None, description="Local-disk KV tier below the host tier: the folder of its block files "
+                          "(needs --kv-offload-host-gib)")
+    kv_offload_disk_gib: float = Field(
+        16.0, gt=0, description="Local-disk KV tier: most GiB of block files it keeps")
+    preemption_mode: Literal["auto", "swap", "recompute"] = Field(
+        "auto",
+        description="What a preempted request's KV becomes: swap keeps its full blocks in the "
+                    "host tier and loads them back on resume; recompute drops them; auto is swap "
+                    "with a host tier, else recompute")
     speculative_config: str | None = Field(
         None,
         description="Speculative decoding, as vLLM's JSON: method ngram with "
@@ -78,6 +92,18 @@ class EngineConfig(BatonSettings):
                                                    description="sim: cost of each decode row")
     sim_decode_seconds_per_context_token: float = Field(
         0.0, ge=0, description="sim: cost per context token a decode row reads (KV bandwidth)")
+
+    @model_validator(mode="after")
+    def _tiers_fit(self) -> "EngineConfig":
+        if self.kv_offload_disk_dir is not None and self.kv_offload_host_gib == 0:
+            raise ValueError("kv_offload_disk_dir needs a host tier: set kv_offload_host_gib too "
+                             "(blocks reach the disk tier on leaving the host tier)")
+        if self.kv_offload_host_gib > 0 and not self.enable_prefix_caching:
+            raise ValueError("KV tiers keep prefix-cache blocks: kv_offload_host_gib needs "
+                             "enable_prefix_caching")
+        if self.preemption_mode == "swap" and self.kv_offload_host_gib == 0:
+            raise ValueError("preemption_mode swap needs a host tier: set kv_offload_host_gib")
+        return self
 
     @field_validator("speculative_config")
     @classmethod

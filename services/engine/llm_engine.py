@@ -14,6 +14,7 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.kv.block_manager import BlockEvent, BlockManager
 from baton.services.engine.kv.handoff import HandoffTable, HeldKV
+from baton.services.engine.kv.tiers.manager import TierManager
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.output_processor import OutputProcessor
 from baton.services.engine.requests import EngineRequest, RequestIntake
@@ -71,6 +72,16 @@ def _prompt_tokens_in(item: ScheduledSeq) -> int:
     return max(0, min(item.num_tokens, item.seq.num_prompt_tokens - start))
 
 
+def build_tiers(config: EngineConfig, runner: Runner) -> TierManager | None:
+    """The KV tiers below the device cache, when configured (kv/tiers)."""
+    if config.kv_offload_host_gib == 0:
+        return None
+    if config.engine == "sim":
+        raise ValueError("KV tiers need engine=model: the simulated engine holds no KV to copy")
+    return TierManager(runner.kv_cache, config.kv_offload_host_gib, config.kv_offload_disk_dir,
+                       config.kv_offload_disk_gib)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, kv_blocks_wanted: int | None = None,
                  sim_runner: SimRunnerFactory | None = None) -> None:
@@ -103,8 +114,11 @@ class LLMEngine:
                                       self.device, self.max_model_len, kv_blocks_wanted)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
                                    config.enable_prefix_caching)
+        self.tiers = build_tiers(config, self.runner)
+        self.blocks.offload = self.tiers
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
-                                   config.enable_chunked_prefill)
+                                   config.enable_chunked_prefill, self.tiers,
+                                   swap=config.preemption_mode != "recompute")
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = EngineCounters()
         # Both ends of a KV hand-off: sequences with blocks taken outside the batch (kv/handoff.py).
@@ -274,6 +288,11 @@ class LLMEngine:
     def cached_block_hashes(self) -> list[int]:
         """Every block hash the prefix cache can hit now (engine thread only)."""
         return list(self.blocks.cached)
+
+    def close(self) -> None:
+        """Stops the KV tiers' copy worker (the engine serves no more)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

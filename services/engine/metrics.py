@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from baton.services.engine.kv.tiers.metrics import tier_metrics
+
 if TYPE_CHECKING:
     from baton.services.engine.llm_engine import LLMEngine
     from baton.services.engine.speculation.stats import SpecDecodeStats
@@ -60,6 +62,10 @@ class EngineCollector(Collector):
         yield counter("baton_num_preemptions",
                       "Requests preempted (KV blocks reclaimed, recomputed later)",
                       stats.preemptions)
+        yield counter("baton_num_preemptions_swapped",
+                      "Of the preemptions, those whose full blocks went to the host tier "
+                      "(swap) rather than being dropped", stats.preemptions_swapped)
+        yield from tier_metrics(e.tiers, e.model_id)
         yield counter("baton_prompt_tokens_computed",
                       "Prompt tokens run through the model (cache hits excluded)",
                       counters.prompt_tokens_computed)

@@ -15,6 +15,7 @@ from baton.services.engine.structured.matcher import GrammarState
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    LOADING = "loading"  # its prefix is being copied in from a KV tier (kv/tiers)
     FINISHED = "finished"
 
 

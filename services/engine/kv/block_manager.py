@@ -3,18 +3,27 @@
 Free blocks sit in one LRU queue. Blocks without a hash go to its front (reused first); freed cached
 blocks go to its back and stay hittable until allocation reaches and evicts them.
 
+With an `offload` (kv/tiers: TierManager), a cached block that loses its last user is handed to it
+to copy to a lower tier, and a block is not reused before that copy has read it.
+
 With `record_events`, every block that becomes hittable or stops being so is logged in `events`
 (drained by the worker, which publishes them so the router's prefix index mirrors this cache).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Literal
+from typing import Literal, Protocol
 
 from baton.services.engine.sequence import Sequence
 
 
 BlockEvent = tuple[Literal["stored", "removed"], int]  # (what happened, block hash)
+
+
+class Offload(Protocol):
+    def store(self, block: int, block_hash: int) -> None: ...
+
+    def before_reuse(self, block: int) -> None: ...
 
 
 class BlockManager:
@@ -31,6 +40,7 @@ class BlockManager:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.record_events = record_events
         self.events: list[BlockEvent] = []
+        self.offload: Offload | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -96,6 +106,8 @@ class BlockManager:
         block, _ = self.free_queue.popitem(last=False)
         old_hash = self.block_hash[block]
         if old_hash is not None:
+            if self.offload is not None:
+                self.offload.before_reuse(block)
             del self.cached[old_hash]
             self.block_hash[block] = None
             if self.record_events:
@@ -119,13 +131,17 @@ class BlockManager:
                 if self.record_events:
                     self.events.append(("stored", h))
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, offload: bool = True) -> None:
         """Releases seq's blocks; the tail goes back first so that cached heads outlive their
-        tails."""
+        tails. offload=False: the cached ones are not copied to a lower tier (recompute
+        preemption)."""
         for block in reversed(seq.block_ids):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self.free_queue[block] = None
-                if self.block_hash[block] is None:
+                block_hash = self.block_hash[block]
+                if block_hash is None:
                     self.free_queue.move_to_end(block, last=False)
+                elif offload and self.offload is not None:
+                    self.offload.store(block, block_hash)
         seq.block_ids = []

@@ -1,0 +1,132 @@
+"""TierManager: the tiers as the block manager and the scheduler see them (engine thread), over
+the state the copy worker shares with it under one lock.
+
+Engine-thread calls never wait on a copy, with one exception that should not happen in practice:
+reusing a device block whose copy to host is still in flight (freed cached blocks are reused
+last, so the copy has long finished by then).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+
+from baton.services.engine.kv.layout import byte_view
+from baton.services.engine.kv.tiers.copier import CopyWorker
+from baton.services.engine.kv.tiers.disk import DiskTier
+from baton.services.engine.kv.tiers.host import HostTier
+from baton.services.engine.kv.tiers.jobs import Flush, Load, Store, TierHit
+from baton.services.engine.kv.tiers.stats import TierStats
+
+GIB = 1 << 30
+
+
+class TierManager:
+
+    def __init__(self, kv_cache: torch.Tensor, host_gib: float, disk_dir: str | None = None,
+                 disk_gib: float = 0.0) -> None:
+        self.device_view = byte_view(kv_cache)  # [layers, blocks, block_nbytes]
+        layers, _, nbytes = self.device_view.shape
+        self.block_size = kv_cache.shape[3]
+        self.stats = {"host": TierStats(), "disk": TierStats()}
+        block_bytes = layers * nbytes
+        self.host = HostTier(int(host_gib * GIB) // block_bytes, layers, nbytes,
+                             pin=kv_cache.is_cuda)
+        self.disk = None if disk_dir is None else DiskTier(disk_dir, int(disk_gib * GIB),
+                                                           block_bytes, self.stats["disk"])
+        self.lock = threading.Condition()
+        self.storing: dict[int, int] = {}  # device block -> hash, copy to host queued or running
+        self.storing_hashes: set[int] = set()
+        self.finished: list[Load] = []
+        self.jobs: queue.SimpleQueue[Store | Load | Flush | None] = queue.SimpleQueue()
+        self.worker = CopyWorker(self)
+        self.worker.start()
+
+    # -- the block manager's hooks
+
+    def store(self, block: int, block_hash: int) -> None:
+        """A cached device block lost its last user: copy it to the host tier unless it is there
+        already."""
+        with self.lock:
+            if block_hash in self.storing_hashes or self.host.get(block_hash) is not None:
+                return
+            self.storing[block] = block_hash
+            self.storing_hashes.add(block_hash)
+        self.jobs.put(Store(block, block_hash))
+
+    def before_reuse(self, block: int) -> None:
+        """Holds a device block's reuse until its copy to host has read it."""
+        with self.lock:
+            self.lock.wait_for(lambda: block not in self.storing)
+
+    # -- the scheduler's
+
+    def lookup(self, hashes: list[int]) -> list[TierHit]:
+        """The longest run of hashes, from the first, found in the host tier or on disk; host
+        slots found are pinned until released or loaded."""
+        hits = []
+        with self.lock:
+            for h in hashes:
+                slot = self.host.get(h)
+                if slot is not None:
+                    self.host.pin(slot)
+                elif self.disk is None or h not in self.disk:
+                    break
+                hits.append(TierHit(h, slot))
+        return hits
+
+    def release(self, hits: list[TierHit]) -> None:
+        """Unpins the slots of a lookup that will not be loaded."""
+        with self.lock:
+            for hit in hits:
+                if hit.slot is not None:
+                    self.host.unpin(hit.slot)
+
+    def count(self, queried_tokens: int, hits: list[TierHit]) -> None:
+        """One admitted request's lookup: queried_tokens the device cache missed."""
+        host_hits = sum(1 for h in hits if h.slot is not None) * self.block_size
+        disk_hits = len(hits) * self.block_size - host_hits
+        self.stats["host"].queries += queried_tokens
+        self.stats["host"].hits += host_hits
+        if self.disk is not None:
+            self.stats["disk"].queries += queried_tokens - host_hits
+            self.stats["disk"].hits += disk_hits
+
+    def load(self, hits: list[TierHit], dst_blocks: list[int]) -> Load:
+        job = Load(hits, dst_blocks)
+        self.jobs.put(job)
+        return job
+
+    def poll(self) -> list[Load]:
+        """Loads finished since the last poll."""
+        with self.lock:
+            done, self.finished = self.finished, []
+        return done
+
+    def wait_for_load(self, timeout: float) -> None:
+        with self.lock:
+            self.lock.wait_for(lambda: bool(self.finished), timeout)
+
+    def wait(self, job: Load) -> None:
+        with self.lock:
+            self.lock.wait_for(lambda: job.done)
+            if job in self.finished:
+                self.finished.remove(job)
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """(bytes used, bytes allowed) per tier."""
+        out = {"host": (self.host.bytes_used, self.host.capacity * self.host.block_bytes)}
+        if self.disk is not None:
+            out["disk"] = (self.disk.bytes_used, self.disk.capacity * self.disk.file_bytes)
+        return out
+
+    def flush(self, timeout: float = 120.0) -> bool:
+        """Waits until every copy queued so far is done (blocks evicted from host on disk too)."""
+        job = Flush()
+        self.jobs.put(job)
+        return job.done.wait(timeout)
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.worker.join()
