@@ -121,3 +121,19 @@ def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
         half = x.shape[-1] // 2
         rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
         x.copy_((x32 * c + rotated * s).to(x.dtype))
+
+
+def lora_bgmv_ref(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                  scales: torch.Tensor, indices: torch.Tensor, chunk: int = 256) -> None:
+    """y[t] += scales[s] * B[s] @ (A[s] @ x[t]) with s = indices[t], for every row t whose index is
+    not -1 (a base-model token): the gathered low-rank product of Punica's BGMV, in place.
+    y [T, N] (rows may be strided), x [T, K], A [S, R, K], B [S, N, R], scales [S]. Rows go in
+    chunks, so the gathered A and B stay bounded however long a prefill."""
+    rows = (indices >= 0).nonzero().squeeze(1)
+    dtype = _compute_dtype(x.dtype)
+    for start in range(0, rows.numel(), chunk):
+        part = rows[start:start + chunk]
+        slots = indices[part].long()
+        shrunk = torch.bmm(lora_a[slots].to(dtype), x[part].to(dtype).unsqueeze(2))
+        delta = torch.bmm(lora_b[slots].to(dtype), shrunk).squeeze(2)
+        y.index_add_(0, part, (delta * scales[slots].to(dtype)[:, None]).to(y.dtype))

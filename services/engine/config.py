@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from baton.services.common.settings import BatonSettings
 
@@ -51,6 +51,18 @@ class EngineConfig(BatonSettings):
     grammar_cache_size: int = Field(
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (implied by --lora-modules); requests name one in "
+                           "`model`")
+    lora_modules: list[str] = Field(
+        [], description="LoRA adapters to serve: name=path, or JSON {\"name\", \"path\", "
+                        "\"base_model_name\"} (PEFT folders)")
+    max_loras: int = Field(1, ge=1, description="LoRA adapters resident on the device at once "
+                                                "(a step's batch mixes at most this many)")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="LoRA adapters kept loaded in host memory, least recently used "
+                                "dropped first (default: max_loras)")
+    max_lora_rank: int = Field(16, ge=1, le=512, description="Highest LoRA rank accepted")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
@@ -68,3 +80,13 @@ class EngineConfig(BatonSettings):
                                                    description="sim: cost of each decode row")
     sim_decode_seconds_per_context_token: float = Field(
         0.0, ge=0, description="sim: cost per context token a decode row reads (KV bandwidth)")
+
+    @model_validator(mode="after")
+    def _lora_modules_enable_lora(self) -> EngineConfig:
+        # vLLM's rule: naming adapters turns LoRA on; the host cache holds at least the slots.
+        if self.lora_modules:
+            self.enable_lora = True
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                             f"({self.max_loras})")
+        return self

@@ -2,7 +2,9 @@
 
 Each step first advances running sequences (decodes, then unfinished prefill chunks), preempting by
 recompute when blocks run out, then admits waiting sequences, highest priority first and FCFS within
-a priority.
+a priority. A waiting sequence whose LoRA adapter has no device slot yet (every slot held by running
+sequences, or its weights still on their way from disk) stays waiting and is passed over, so the
+sequences behind it, of resident adapters or the base model, still run.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import bisect
 from dataclasses import dataclass
 
 from baton.services.engine.kv.block_manager import BlockManager
+from baton.services.engine.lora.manager import LoRAManager
+from baton.services.engine.lora.modules import LoRAError
 from baton.services.engine.sequence import Sequence, Status
 
 
@@ -33,7 +37,7 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 enable_chunked_prefill: bool = True) -> None:
+                 enable_chunked_prefill: bool = True, lora: LoRAManager | None = None) -> None:
         self.blocks = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -41,6 +45,9 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
+        self.lora = lora
+        # Waiting sequences whose adapter could not be read: the engine ends them after schedule().
+        self.failed: list[tuple[Sequence, str]] = []
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -64,6 +71,8 @@ class Scheduler:
             self.waiting.remove(seq)
         if free_blocks:
             self.blocks.free(seq)
+        if self.lora is not None:
+            self.lora.release(seq)
         seq.status = Status.FINISHED
 
     def prefill_tokens_queued(self) -> int:
@@ -108,9 +117,26 @@ class Scheduler:
             budget -= n
         return preempted
 
+    def _lora_ready(self, seq: Sequence) -> bool:
+        """Whether seq's adapter (if any) holds a device slot for it now."""
+        if self.lora is None:
+            return True
+        try:
+            return self.lora.acquire(seq)
+        except LoRAError as e:
+            self.failed.append((seq, str(e)))
+            return False
+
+    def waiting_loras(self) -> set[str]:
+        return {s.lora_name for s in self.waiting if s.lora_name is not None}
+
+    def running_loras(self) -> set[str]:
+        return {s.lora_name for s in self.running if s.lora_name is not None}
+
     def _schedule_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
             # Prompt logprobs need every prompt position's logits: see prompt_logprobs.py.
             hits = [] if seq.wants_prompt_logprobs else self.blocks.cached_prefix(seq)
             remaining = seq.num_tokens - len(hits) * self.blocks.block_size
@@ -119,7 +145,10 @@ class Scheduler:
                 break
             if not self.blocks.can_admit(hits, len(hits) * self.blocks.block_size + n):
                 break
-            self.waiting.pop(0)
+            if not self._lora_ready(seq):
+                i += 1
+                continue
+            self.waiting.pop(i)
             if seq.num_preemptions == 0:
                 self.stats.prefix_cache_queries += seq.num_prompt_tokens
                 self.stats.prefix_cache_hits += len(hits) * self.blocks.block_size
@@ -135,6 +164,8 @@ class Scheduler:
         """Preemption by recompute: drop the KV (cached blocks stay hittable) and requeue."""
         self.running.remove(seq)
         self.blocks.free(seq)
+        if self.lora is not None:
+            self.lora.release(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.stats.preemptions += 1
