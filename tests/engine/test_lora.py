@@ -1,6 +1,7 @@
 """LoRA adapters in mixed batches: the engine's greedy outputs for three PEFT adapters of
 different ranks and targets (rsLoRA among them) and the base model, all in one engine at
-once, against transformers + peft; slots under pressure (no thrashing); KV never shared across adapters."""
+once, against transformers + peft; slots under pressure (no thrashing); KV never shared across
+adapters."""
 from __future__ import annotations
 
 from pathlib import Path
