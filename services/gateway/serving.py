@@ -42,6 +42,7 @@ class ApiRequest:
     response_id: str
     started: float  # time.monotonic() at arrival
     trace_headers: dict[str, str]
+    lora_name: str | None = None  # the LoRA adapter `model` named; None: the base model
 
 
 @dataclass
@@ -146,7 +147,7 @@ class Serving:
         return ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
                              inp.params.for_choice(state.index), api.tenant.name,
                              api.priority, salt, slo.ttft_ms if slo else None,
-                             slo.tpot_ms if slo else None, metadata)
+                             slo.tpot_ms if slo else None, metadata, api.lora_name)
 
     async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
                           metadata: tuple[tuple[str, str], ...]) -> None:

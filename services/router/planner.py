@@ -67,7 +67,8 @@ class Planner:
         req = pending.request
         sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids),
                                  self.config.block_size, now,
-                                 self.index.match_lengths(pending.hashes), req.tenant, req.priority)
+                                 self.index.match_lengths(pending.hashes), req.tenant, req.priority,
+                                 req.lora_name)
         workers, tpot, refusal = self._decode_fit(pending, candidates)
         if refusal is not None:
             return refusal

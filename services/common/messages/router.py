@@ -36,6 +36,7 @@ class PlaceRequest:
     excluded_worker_ids: frozenset[str] = frozenset()
     # the caller streams a remote prefill's first token at once: no decode join wait in its TTFT
     first_token_at_prefill: bool = False
+    lora_name: str | None = None  # the LoRA adapter the request runs under; None: the base model
 
 
 @dataclass(frozen=True)
@@ -79,3 +80,4 @@ class RouterStats:
     model: str = ""
     # the smallest limit the live workers report (a request must fit wherever it lands); 0: none yet
     max_model_len: int = 0
+    lora_adapters: tuple[str, ...] = ()  # served by its live workers

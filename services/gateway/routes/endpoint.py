@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -28,6 +28,9 @@ from baton.services.openai.engine_input import to_engine_input
 from baton.services.openai.errors import ProtocolError
 from baton.services.openai.render import build_response
 from baton.services.openai.streaming import ChunkWriter
+
+if TYPE_CHECKING:
+    from baton.services.gateway.state import Gateway
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,6 +74,12 @@ async def serve_endpoint(serving: Serving, endpoint: Endpoint, request: Request)
     return response
 
 
+def _model_not_found(gateway: Gateway, model: str) -> Response:
+    served = ", ".join(f"`{m}`" for m in [gateway.model_name, *sorted(gateway.lora_adapters)])
+    return error_response(404, f"The model `{model}` does not exist; this server serves {served}",
+                          "model_not_found", param="model")
+
+
 async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
                   started: float) -> Response:
     gateway = serving.gateway
@@ -80,9 +89,11 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         gateway.default_tenant()
     raw = await read_body(request, config.max_request_body_bytes)
     oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth))
+    lora_name = None
     if oai.model is not None and oai.model != gateway.model_name:
-        return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
-                                   f"`{gateway.model_name}`", "model_not_found", param="model")
+        if oai.model not in gateway.lora_adapters:
+            return _model_not_found(gateway, oai.model)
+        lora_name = oai.model
     priority = tenant.priority_for(oai.priority, config.max_request_priority)
     inp = await asyncio.get_running_loop().run_in_executor(
         gateway.tokenize_pool,
@@ -91,7 +102,7 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
                           len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
-                     _trace_headers(request))
+                     _trace_headers(request), lora_name)
     log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
               len(inp.prompt_token_ids), inp.n, tenant.name, priority)
     if oai.stream:
@@ -127,8 +138,8 @@ async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[
     if states is None:
         return None
     gateway = serving.gateway
-    return build_response(api.oai, states, gateway.tokenizer, gateway.model_name, api.response_id,
-                          gateway.tool_parser)
+    return build_response(api.oai, states, gateway.tokenizer, api.lora_name or gateway.model_name,
+                          api.response_id, gateway.tool_parser)
 
 
 def _trace_headers(request: Request) -> dict[str, str]:

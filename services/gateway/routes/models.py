@@ -1,4 +1,5 @@
-"""/v1/models: the one model this gateway serves."""
+"""/v1/models: the model this gateway serves and its LoRA adapters (each with `parent` the base
+model, as vLLM lists them)."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,11 +14,10 @@ def routes(gateway: Gateway) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list", "data": [{
-                "id": gateway.model_name, "object": "model", "created": 0, "owned_by": "baton",
-                "max_model_len": gateway.max_model_len
-            }]
-        }
+        base = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "baton",
+                "root": gateway.model_name, "parent": None, "max_model_len": gateway.max_model_len}
+        adapters = [{**base, "id": name, "root": name, "parent": gateway.model_name}
+                    for name in sorted(gateway.lora_adapters)]
+        return {"object": "list", "data": [base, *adapters]}
 
     return router

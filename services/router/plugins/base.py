@@ -23,6 +23,7 @@ class SchedulingRequest:
     cached_blocks: dict[str, int] = field(default_factory=dict)
     tenant: str = ""
     priority: int = 0
+    lora_name: str | None = None  # the request's LoRA adapter; None: the base model
 
     def cached_tokens(self, worker_id: str) -> int:
         return min(self.prompt_tokens, self.cached_blocks.get(worker_id, 0) * self.block_size)
