@@ -119,3 +119,27 @@ def test_lora_off_refuses_adapters(case: dict) -> None:
     with pytest.raises(ValueError, match="LoRA is off"):
         engine.add_request("x", [1, 2, 3], SamplingParams(max_tokens=2), lora_name="qv8")
     assert Path(case["model"]).exists()
+
+
+def test_metrics_name_the_adapters(case: dict) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from baton.services.engine.metrics import EngineCollector
+    # Every adapter in host memory: the first request's adapter takes the one slot at once.
+    engine = _engine(case, max_loras=1, max_cpu_loras=3)
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("a", case["prompts"][0], params, lora_name="qv8")
+    engine.add_request("b", case["prompts"][0], params, lora_name="all16")
+    engine.step()
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+    text = generate_latest(registry).decode()
+    assert ('baton_lora_requests_info{max_lora="1",running_lora_adapters="qv8",'
+            'waiting_lora_adapters="all16"}') in text
+    while engine.has_unfinished_requests():
+        engine.step()
+    text = generate_latest(registry).decode()
+    for name in ("qv8", "all16"):
+        assert (f'baton_lora_generation_tokens_total{{lora_name="{name}",model_name='
+                f'"{engine.model_id}"}} 3.0') in text, text
+    assert "baton_lora_slot_loads_total 2.0" in text
