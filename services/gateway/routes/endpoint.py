@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -20,6 +20,7 @@ from baton.services.gateway.body import parse_json, read_body
 from baton.services.gateway.errors import CLIENT_CLOSED, error_response, protocol_error_response
 from baton.services.gateway.orchestrator import Refused
 from baton.services.gateway.rate_limits import RateLimited
+from baton.services.gateway.routes.json_route import unknown_model
 from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.gateway.tenants import AuthError
 from baton.services.openai.common import BaseRequest
@@ -28,9 +29,6 @@ from baton.services.openai.engine_input import to_engine_input
 from baton.services.openai.errors import ProtocolError
 from baton.services.openai.render import build_response
 from baton.services.openai.streaming import ChunkWriter
-
-if TYPE_CHECKING:
-    from baton.services.gateway.state import Gateway
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,12 +72,6 @@ async def serve_endpoint(serving: Serving, endpoint: Endpoint, request: Request)
     return response
 
 
-def _model_not_found(gateway: Gateway, model: str) -> Response:
-    served = ", ".join(f"`{m}`" for m in [gateway.model_name, *sorted(gateway.lora_adapters)])
-    return error_response(404, f"The model `{model}` does not exist; this server serves {served}",
-                          "model_not_found", param="model")
-
-
 async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
                   started: float) -> Response:
     gateway = serving.gateway
@@ -89,11 +81,11 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         gateway.default_tenant()
     raw = await read_body(request, config.max_request_body_bytes)
     oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth))
-    lora_name = None
-    if oai.model is not None and oai.model != gateway.model_name:
-        if oai.model not in gateway.lora_adapters:
-            return _model_not_found(gateway, oai.model)
-        lora_name = oai.model
+    refused = unknown_model(gateway, oai.model)
+    if refused is not None:
+        return refused
+    # a name other than the base model's is one of the workers' LoRA adapters
+    lora_name = oai.model if oai.model not in (None, gateway.model_name) else None
     priority = tenant.priority_for(oai.priority, config.max_request_priority)
     inp = await asyncio.get_running_loop().run_in_executor(
         gateway.tokenize_pool,

@@ -1,23 +1,36 @@
-"""/v1/models: the model this gateway serves and its LoRA adapters (each with `parent` the base
-model, as vLLM lists them)."""
+"""GET /v1/models and GET /v1/models/{model_id}: the model this gateway serves and the LoRA
+adapters its workers serve, as vLLM's model cards (the checkpoint as `root`, `parent` None for the
+base model and the base model's name for an adapter)."""
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
 
+from baton.services.gateway.routes.json_route import unknown_model
 from baton.services.gateway.state import Gateway
+from baton.services.openai.models import ModelCard, ModelList, model_card
 
 
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/models")
+    def card(model_id: str | None = None) -> dict[str, Any]:
+        # read at each request: the workers' limit, name and adapters may arrive after start
+        base = gateway.model_name
+        if model_id is None or model_id == base:
+            return model_card(base, str(gateway.config.model), gateway.max_model_len)
+        return model_card(model_id, model_id, gateway.max_model_len, parent=base)
+
+    @router.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
-        base = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "baton",
-                "root": gateway.model_name, "parent": None, "max_model_len": gateway.max_model_len}
-        adapters = [{**base, "id": name, "root": name, "parent": gateway.model_name}
-                    for name in sorted(gateway.lora_adapters)]
-        return {"object": "list", "data": [base, *adapters]}
+        return {"object": "list",
+                "data": [card(), *(card(name) for name in sorted(gateway.lora_adapters))]}
+
+    # `:path`: served names may hold a slash (org/name), as Hugging Face ids do
+    @router.get("/v1/models/{model_id:path}", response_model=ModelCard)
+    async def model(model_id: str) -> Response:
+        return unknown_model(gateway, model_id) or JSONResponse(card(model_id))
 
     return router
