@@ -98,10 +98,14 @@ class LoRAManager:
         self.check(name)
         slot = next((i for i, held in enumerate(self.slots) if held == name), None)
         if slot is None:
-            adapter = self._host_copy(name)
-            slot = self._free_slot() if adapter is not None else None
-            if slot is None:
+            # Nothing is read while every slot is held: an adapter read now could not run, and a
+            # small host cache would only trade waiting adapters back and forth.
+            if not self._slot_available():
                 return False
+            adapter = self._host_copy(name)
+            if adapter is None:
+                return False
+            slot = self._free_slot()
             if self.state is not None:
                 write_slot(self.state, slot, adapter)
             self.slots[slot] = name
@@ -132,12 +136,13 @@ class LoRAManager:
                          self.max_loras, self.slot_loads, dict(self.prompt_tokens),
                          dict(self.generation_tokens))
 
-    def _free_slot(self) -> int | None:
+    def _slot_available(self) -> bool:
+        return None in self.slots or bool(self.idle_slots)
+
+    def _free_slot(self) -> int:
         empty = next((i for i, held in enumerate(self.slots) if held is None), None)
         if empty is not None:
             return empty
-        if not self.idle_slots:
-            return None
         slot, _ = self.idle_slots.popitem(last=False)
         return slot
 
