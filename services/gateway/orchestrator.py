@@ -61,6 +61,8 @@ class ChoiceRequest:
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
     metadata: Sequence[tuple[str, str]] = ()  # trace context for the router and workers
+    # the request's prompt_cache_key: the router keeps requests that share it on one worker
+    affinity_key: str = ""
     lora_name: str | None = None  # the LoRA adapter its `model` named; None: the base model
 
 
@@ -118,6 +120,7 @@ class Orchestrator:
                                tpot_slo_s=int(tpot) / 1000 if tpot is not None else None,
                                excluded_worker_ids=frozenset(excluded),
                                first_token_at_prefill=first_token_at_prefill(choice.params),
+                               affinity_key=choice.affinity_key,
                                lora_name=choice.lora_name)
         try:
             return await self.router.Place(place_request_to_proto(request),

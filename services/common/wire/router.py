@@ -33,6 +33,7 @@ def place_request_to_proto(req: PlaceRequest) -> rpb.PlaceRequest:
                                priority=req.priority, max_tokens=req.max_tokens,
                                excluded_worker_ids=sorted(req.excluded_worker_ids),
                                first_token_at_prefill=req.first_token_at_prefill,
+                               affinity_key=req.affinity_key,
                                lora_name=req.lora_name or "")
     if req.ttft_slo_s is not None:
         message.ttft_slo_ms = _ms(req.ttft_slo_s)
@@ -55,6 +56,7 @@ def place_request_from_proto(request: rpb.PlaceRequest) -> PlaceRequest:
         tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
         excluded_worker_ids=frozenset(request.excluded_worker_ids),
         first_token_at_prefill=request.first_token_at_prefill,
+        affinity_key=request.affinity_key,
         lora_name=request.lora_name or None)
 
 

@@ -14,7 +14,7 @@ def _writer(serving: Serving, api: ApiRequest) -> ChunkWriter:
     assert isinstance(api.oai, ChatCompletionRequest)  # parsed by this endpoint's model
     gateway = serving.gateway
     return ChatChunkWriter(api.oai, api.response_id, api.lora_name or gateway.model_name,
-                           serving.text_of, gateway.tool_parser)
+                           serving.token_text(api.oai), gateway.tool_parser)
 
 
 CHAT_COMPLETIONS = Endpoint("/v1/chat/completions", ChatCompletionRequest, _writer)
