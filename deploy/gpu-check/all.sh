@@ -77,7 +77,7 @@ throughput() {
 wave() {
   local tests=()
   for t in tests/engine/parallel tests/kernels/test_lora_bgmv.py tests/engine/kv/tiers \
-           tests/engine/speculation; do
+           tests/engine/test_speculation.py; do
     [ -e "$t" ] && tests+=("$t")
   done
   [ ${#tests[@]} -gt 0 ] || { echo "no wave paths here"; return; }

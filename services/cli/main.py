@@ -61,7 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     from baton.services.cli.environment import warn_unknown_variables
 
     warn_unknown_variables()
-    return int(args.func(args) or 0)
+    from pydantic import ValidationError
+
+    try:
+        return int(args.func(args) or 0)
+    except ValidationError as e:
+        # A setting's own check (a flag, a BATON_* variable or a config file): its message, not a
+        # traceback.
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                             for err in e.errors())
+        print(f"baton {args.command}: error: {problems}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

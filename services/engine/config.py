@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from baton.services.common.settings import BatonSettings
+from baton.services.engine.speculation.config import parse_speculative_config
 
 
 class EngineConfig(BatonSettings):
@@ -66,6 +67,12 @@ class EngineConfig(BatonSettings):
         None, ge=1, description="LoRA adapters kept loaded in host memory, least recently used "
                                 "dropped first (default: max_loras)")
     max_lora_rank: int = Field(16, ge=1, le=512, description="Highest LoRA rank accepted")
+    speculative_config: str | None = Field(
+        None,
+        description="Speculative decoding, as vLLM's JSON: method ngram with "
+                    "num_speculative_tokens (1-16), prompt_lookup_min/max and "
+                    "disable_by_batch_size (a step with more sequences does not speculate); "
+                    "other methods and keys are refused")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
@@ -93,3 +100,8 @@ class EngineConfig(BatonSettings):
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                              f"({self.max_loras})")
         return self
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative_config(cls, value: str | None) -> str | None:
+        parse_speculative_config(value)  # raises, naming the key, before anything loads
+        return value

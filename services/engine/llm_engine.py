@@ -23,6 +23,8 @@ from baton.services.engine.runner import Runner, SimRunnerFactory
 from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
+from baton.services.engine.speculation.config import parse_speculative_config
+from baton.services.engine.speculation.speculator import Speculator
 from baton.services.engine.stats import EngineCounters, EngineStats
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,17 @@ class LLMEngine:
                                     self.max_model_len, self.blocks, self.handoffs, self.lora)
         self.outputs = OutputProcessor(self.intake, self.scheduler, self.handoffs, self.counters,
                                        self.eos_ids)
+        self.speculator = self._speculator(config)
+
+    def _speculator(self, config: EngineConfig) -> Speculator | None:
+        spec = parse_speculative_config(config.speculative_config)
+        if spec is None:
+            return None
+        if config.engine == "sim":
+            raise ValueError("speculative decoding needs engine=model: the simulated runner "
+                             "scores one position per sequence")
+        return Speculator(spec, self.blocks, self.max_model_len, config.max_num_batched_tokens,
+                          config.seed)
 
     @property
     def seqs(self) -> dict[str, Sequence]:
@@ -300,6 +313,8 @@ class LLMEngine:
         if not scheduled:
             return failed
         started = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.propose(scheduled)
         items, logits = self.runner.execute(scheduled)
         # execute() does not wait for the GPU, so on a GPU these are filled while the step's kernels
         # run.
@@ -311,16 +326,23 @@ class LLMEngine:
         prompt_tokens = sum(prompt_counts)
         self.counters.prompt_tokens_computed += prompt_tokens
         seqs = [item.seq for item in items]
-        tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids, masks)
+        if self.speculator is not None and any(item.draft for item in items):
+            accepted, accepted_lps = self.speculator.verify(items, logits, self.generator,
+                                                            self.eos_ids, masks)
+        else:
+            tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids, masks)
+            # One accepted token per sequence: the sampler draws one per row.
+            accepted, accepted_lps = [[t] for t in tokens], [[lp] for lp in logprobs]
         self._record_step(scheduled, prompt_counts, prompt_tokens, time.perf_counter() - started)
         if self.lora is not None:
             for item, count in zip(scheduled, prompt_counts):
                 self.lora.count_tokens(item.seq.lora_name, count, 0)
-            for seq in seqs:
-                self.lora.count_tokens(seq.lora_name, 0, 1)
-        # One accepted token per sequence: the sampler draws one per row.
-        return failed + self.outputs.process(seqs, [[t] for t in tokens],
-                                             [[lp] for lp in logprobs])
+            for seq, tokens in zip(seqs, accepted):
+                self.lora.count_tokens(seq.lora_name, 0, len(tokens))
+        outputs = self.outputs.process(seqs, accepted, accepted_lps)
+        if self.speculator is not None:
+            self.speculator.release_rejected(items)
+        return failed + outputs
 
     def _fail_unloadable(self) -> list[RequestOutput]:
         """Ends the waiting requests whose adapter could not be read from disk any more."""

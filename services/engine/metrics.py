@@ -14,6 +14,25 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from baton.services.engine.llm_engine import LLMEngine
+    from baton.services.engine.speculation.stats import SpecDecodeStats
+
+
+def _spec_decode(stats: "SpecDecodeStats", label: dict[str, str]) -> Iterator[Metric]:
+    """vLLM's vllm:spec_decode_* counters; the acceptance rate is accepted over draft tokens."""
+    names = list(label)
+    for name, doc, value in (
+            ("num_drafts", "Drafts verified (sequence-steps that speculated)", stats.num_drafts),
+            ("num_draft_tokens", "Draft tokens proposed", stats.num_draft_tokens),
+            ("num_accepted_tokens", "Draft tokens accepted", stats.num_accepted_tokens)):
+        family = CounterMetricFamily(f"baton_spec_decode_{name}", doc, labels=names)
+        family.add_metric(list(label.values()), value)
+        yield family
+    family = CounterMetricFamily("baton_spec_decode_num_accepted_tokens_per_pos",
+                                 "Drafts whose token at this position was accepted",
+                                 labels=names + ["position"])
+    for position, value in enumerate(stats.accepted_per_pos):
+        family.add_metric(list(label.values()) + [str(position)], value)
+    yield family
 
 
 class EngineCollector(Collector):
@@ -47,6 +66,8 @@ class EngineCollector(Collector):
                       counters.prompt_tokens_computed)
         yield counter("baton_generation_tokens", "Tokens generated", counters.generation_tokens)
         yield counter("baton_engine_steps", "Engine steps (forward passes) run", counters.steps)
+        if e.speculator is not None:
+            yield from _spec_decode(e.speculator.stats, label)
         yield gauge("baton_num_requests_running", "Requests in the running batch",
                     len(sched.running))
         yield gauge("baton_num_requests_waiting", "Requests waiting to be scheduled",

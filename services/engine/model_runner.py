@@ -74,14 +74,15 @@ class ModelRunner:
     def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
         """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden
         states."""
-        return (all(s.num_tokens == 1 and not s.seq.wants_prompt_logprobs
+        return (all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs
                     and s.seq.lora_slot is None for s in scheduled)
                 and self.graphs.can_run(len(scheduled)))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
-        """Runs the step. Returns the items that sample, in packed order, and their float32 logits.
-        Sequences that asked for prompt logprobs get this step's share appended."""
+        """Runs the step. Returns the items that sample, in packed order, and their float32 logits:
+        one row each, or one per position for an item with a draft (1 + its length). Sequences that
+        asked for prompt logprobs get this step's share appended."""
         if self.lora is not None:
             self.lora.indices = None
         if self.graphs is not None and self._graphable(scheduled):
@@ -89,8 +90,10 @@ class ModelRunner:
             keep = [i for i, s in enumerate(scheduled) if s.samples]
             rows = hidden if len(keep) == len(scheduled) else hidden[keep]
             return [scheduled[i] for i in keep], self.model.compute_logits(rows)
-        packed = [s for s in scheduled if s.num_tokens > 1
-                  ] + [s for s in scheduled if s.num_tokens == 1]
+        # A draft makes its item a short chunk over cached context: the chunked-prefill attention
+        # (paged, causal within the chunk) is the multi-query attention that verifies it.
+        packed = [s for s in scheduled if s.num_positions > 1
+                  ] + [s for s in scheduled if s.num_positions == 1]
         ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
         if any(s.seq.wants_prompt_logprobs for s in packed):
@@ -104,20 +107,20 @@ class ModelRunner:
         """Per-token positions and slots come from tensor arithmetic over per-sequence values, and
         everything the device needs crosses in one copy."""
         bs = self.block_size
-        counts = torch.tensor([s.num_tokens for s in packed])
+        counts = torch.tensor([s.num_positions for s in packed])
         firsts = torch.tensor([s.seq.num_computed_tokens for s in packed])
         ids = torch.tensor(
             list(
                 chain.from_iterable(
                     s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens +
-                                    s.num_tokens] for s in packed)))
+                                    s.num_tokens] + s.draft for s in packed)))
         ends = counts.cumsum(0)
         row = torch.repeat_interleave(torch.arange(len(packed)), counts)
         positions = firsts[row] + torch.arange(len(ids)) - (ends - counts)[row]
         tables = _block_table([s.seq.block_ids for s in packed])
         slots = tables[row, positions // bs] * bs + positions % bs
-        num_prefill = sum(1 for s in packed if s.num_tokens > 1)
-        sample_rows = (ends - 1)[[i for i, s in enumerate(packed) if s.samples]]
+        num_prefill = sum(1 for s in packed if s.num_positions > 1)
+        sample_rows = _sample_rows(packed, ends)
         lens = firsts + counts
         query_start = torch.cat((torch.zeros(1, dtype=torch.int64), ends[:num_prefill]))
         host = [ids, positions, slots, sample_rows, tables.flatten(), query_start, lens]
@@ -147,12 +150,21 @@ class ModelRunner:
                                          lens[num_prefill:].tolist(), bs, self.block_bytes)
         return ids_d, positions_d, meta, sample_d
 
-
     def _lora_slots(self, packed: list[ScheduledSeq]) -> torch.Tensor | None:
         """Each sequence's adapter slot (-1: the base model); None when no sequence has one."""
         if self.lora is None or all(s.seq.lora_slot is None for s in packed):
             return None
         return torch.tensor([-1 if s.seq.lora_slot is None else s.seq.lora_slot for s in packed])
+
+
+def _sample_rows(packed: list[ScheduledSeq], ends: torch.Tensor) -> torch.Tensor:
+    """The packed rows whose logits are sampled: each sampling item's last, and every position of
+    an item with a draft."""
+    if not any(s.draft for s in packed):
+        return (ends - 1)[[i for i, s in enumerate(packed) if s.samples]]
+    stops = ends.tolist()
+    return torch.tensor([row for s, stop in zip(packed, stops) if s.samples
+                         for row in range(stop - 1 - len(s.draft), stop)], dtype=torch.int64)
 
 
 def bucketed_decode(device: torch.device, backend: str) -> bool:

@@ -1,9 +1,8 @@
 """From a step's accepted tokens to RequestOutputs: append, stop checks, detokenize, finish.
 
-A step accepts a list of tokens per sequence. Today's engine samples one token per sequence per
-step, so every list holds one; a step that accepts several (speculative decoding's verified drafts)
-goes through the same path, token by token, and a request that stops partway keeps only the tokens
-up to its stop.
+A step accepts a list of tokens per sequence: one sampled token, or with speculative decoding a
+verified draft and one token more. All go through the same path, token by token, and a request
+that stops partway keeps only the tokens up to its stop.
 """
 from __future__ import annotations
 

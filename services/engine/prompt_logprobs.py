@@ -59,4 +59,4 @@ def score_prompts(packed: list[ScheduledSeq], hidden: torch.Tensor,
                 logprobs = compute_logits(rows).log_softmax(dim=1)
                 targets = torch.tensor(seq.token_ids[start + 1:stop + 1], device=logprobs.device)
                 seq.prompt_logprobs += _score(logprobs, targets, seq.params.prompt_logprobs)
-        offset += item.num_tokens
+        offset += item.num_positions

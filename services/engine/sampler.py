@@ -36,7 +36,7 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
                     logits.dtype)
 
 
-def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """OpenAI's logit_bias: one scatter-add over every (row, token, bias) of the batch."""
     rows, cols, values = [], [], []
     for row, seq in enumerate(seqs):
@@ -63,7 +63,7 @@ def _block_early_stop(logits: torch.Tensor, seqs: list[Sequence], eos_ids: froze
                 logits[row, list(banned)] = float("-inf")
 
 
-def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def filter_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p, returning probabilities."""
     temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype,
                          device=logits.device)
@@ -115,7 +115,7 @@ def skip_draws(seq: Sequence, vocab_size: int, num_tokens: int) -> None:
             torch.empty(vocab_size).exponential_(generator=seq.generator)
 
 
-def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
+def token_logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> TokenLogprobs:
     token = int(chosen)
     value = raw[token]
     top = raw.topk(k) if k > 0 else None
@@ -138,7 +138,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     # Logprobs describe the model's own distribution, before penalties and filters (vLLM's default).
     raw = logits.log_softmax(dim=1) if any(want_logprobs) else None
     _apply_penalties(logits, seqs)
-    _apply_logit_bias(logits, seqs)
+    apply_logit_bias(logits, seqs)
     _block_early_stop(logits, seqs, eos_ids)
     if masks is not None:
         masks.apply(logits, seqs)
@@ -147,10 +147,10 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         subset = [seqs[i] for i in random_rows]
-        chosen[rows] = _draw(_filter(logits[rows], subset), subset, generator)
+        chosen[rows] = _draw(filter_probs(logits[rows], subset), subset, generator)
     tokens = chosen.tolist()
     logprobs = [
-        _logprobs(raw[i], chosen[i], seqs[i].params.logprobs) if want else None
+        token_logprobs(raw[i], chosen[i], seqs[i].params.logprobs) if want else None
         for i, want in enumerate(want_logprobs)
     ]
     return tokens, logprobs

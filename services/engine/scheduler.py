@@ -9,7 +9,7 @@ sequences behind it, of resident adapters or the base model, still run.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.lora.manager import LoRAManager
@@ -21,6 +21,14 @@ from baton.services.engine.sequence import Sequence, Status
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+    # Speculative decoding: proposed tokens run after the last one, each position sampling; they
+    # are not the sequence's until verified (speculation/speculator.py).
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def num_positions(self) -> int:
+        """Positions this step runs through the model for the item: its tokens and its draft."""
+        return self.num_tokens + len(self.draft)
 
     @property
     def samples(self) -> bool:

@@ -81,6 +81,17 @@ class BlockManager:
         for _ in range(self.blocks_needed(num_tokens) - len(seq.block_ids)):
             seq.block_ids.append(self._allocate())
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Gives back the blocks past what num_tokens tokens need: those a rejected speculative
+        draft took. Never hashed (only computed tokens' blocks are), they are reused first."""
+        keep = self.blocks_needed(num_tokens)
+        for block in reversed(seq.block_ids[keep:]):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+                self.free_queue.move_to_end(block, last=False)
+        del seq.block_ids[keep:]
+
     def _allocate(self) -> int:
         block, _ = self.free_queue.popitem(last=False)
         old_hash = self.block_hash[block]

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers, the verification of their drafts, and its counters."""

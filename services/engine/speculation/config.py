@@ -1,0 +1,95 @@
+"""vLLM's `--speculative-config` JSON, parsed and checked up front.
+
+Only what is built is accepted: the n-gram (prompt lookup) proposer. vLLM's other methods are
+refused by name, and so is every key this engine does not read, rather than ignored.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# Bounds on num_speculative_tokens: a verify step computes 1 + k positions per sequence.
+MIN_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS = 1, 16
+KNOWN_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
+              "prompt_lookup_max", "disable_by_batch_size")
+# vLLM's other methods: named so that asking for one gets a clear refusal, not "unknown method".
+UNBUILT_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
+                   "suffix")
+# vLLM's default prompt lookup window when neither bound is given.
+DEFAULT_PROMPT_LOOKUP = 5
+
+
+class SpeculativeConfigError(ValueError):
+    """The speculative config cannot be served; the message says which key and why."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    # A step with more running sequences than this does not speculate (None: always speculates).
+    disable_by_batch_size: int | None = None
+
+
+def _int(raw: dict, key: str, low: int, high: int | None = None) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpeculativeConfigError(f"speculative config: {key} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise SpeculativeConfigError(f"speculative config: {key} must be {bound}, got {value}")
+    return value
+
+
+def _method(raw: dict) -> str:
+    method, model = raw.get("method"), raw.get("model")
+    if method is None and model in ("ngram", "[ngram]"):
+        method = "ngram"  # vLLM's older spelling: the method given as the model
+    if method in UNBUILT_METHODS:
+        raise SpeculativeConfigError(
+            f"speculative config: method {method!r} is not supported by this engine yet; "
+            "supported: 'ngram'")
+    if method not in ("ngram", "[ngram]"):
+        raise SpeculativeConfigError(
+            f"speculative config: unknown method {method!r}; supported: 'ngram'")
+    if model not in (None, "ngram", "[ngram]"):
+        raise SpeculativeConfigError(
+            f"speculative config: method 'ngram' takes no draft model, got model {model!r}")
+    return "ngram"
+
+
+def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | None:
+    """The config from its JSON (or an already parsed dict); None when unset or empty. Raises
+    SpeculativeConfigError naming the offending key."""
+    if text is None or text == "" or text == {}:
+        return None
+    if isinstance(text, str):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpeculativeConfigError(f"speculative config is not valid JSON: {e}") from None
+    else:
+        raw = text
+    if not isinstance(raw, dict):
+        raise SpeculativeConfigError("speculative config must be a JSON object")
+    unknown = sorted(set(raw) - set(KNOWN_KEYS))
+    if unknown:
+        raise SpeculativeConfigError(
+            f"speculative config: unknown or unsupported keys {unknown}; accepted: "
+            f"{list(KNOWN_KEYS)}")
+    method = _method(raw)
+    k = _int(raw, "num_speculative_tokens", MIN_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS)
+    if k is None:
+        raise SpeculativeConfigError(
+            "speculative config: num_speculative_tokens is required (between "
+            f"{MIN_SPECULATIVE_TOKENS} and {MAX_SPECULATIVE_TOKENS})")
+    low, high = _int(raw, "prompt_lookup_min", 1), _int(raw, "prompt_lookup_max", 1)
+    low, high = (low or high or DEFAULT_PROMPT_LOOKUP), (high or low or DEFAULT_PROMPT_LOOKUP)
+    if low > high:
+        raise SpeculativeConfigError(
+            f"speculative config: prompt_lookup_min ({low}) is above prompt_lookup_max ({high})")
+    return SpeculativeConfig(method, k, low, high, _int(raw, "disable_by_batch_size", 1))

@@ -1,0 +1,136 @@
+"""Speculation inside an engine step: drafts before the forward pass, verification after it, and
+the KV of rejected positions given back.
+
+A decode item gets a draft (n-gram proposer) and the blocks its positions need; the forward pass
+computes its last token and the draft in one chunk, every position sampling. Verification keeps the
+accepted prefix and one token more, which go through the output processor like any step's tokens;
+the sequence's computed count covers only what was accepted, only blocks full of accepted tokens are
+hashed into the prefix cache, and the blocks only rejected positions reached go back.
+
+A sequence whose next-token distribution depends on the tokens before it in ways this does not
+track (penalties, a grammar, min_tokens still pending, prompt logprobs) or whose seeded stream must
+stay one draw per token decodes without a draft; its output is unchanged either way.
+"""
+from __future__ import annotations
+
+import torch
+
+from baton.services.common.outputs import TokenLogprobs
+from baton.services.engine.kv.block_manager import BlockManager
+from baton.services.engine.sampler import apply_logit_bias, filter_probs, sample, token_logprobs
+from baton.services.engine.scheduler import ScheduledSeq
+from baton.services.engine.sequence import Sequence
+from baton.services.engine.speculation.config import SpeculativeConfig
+from baton.services.engine.speculation.ngram import NgramProposer
+from baton.services.engine.speculation.rejection import rejection_sample, verify_greedy
+from baton.services.engine.speculation.stats import SpecDecodeStats
+from baton.services.engine.structured.masks import BatchMasks
+
+
+def speculates(seq: Sequence) -> bool:
+    """Whether seq may decode with a draft (see the module's docstring)."""
+    p = seq.params
+    return (seq.grammar is None and not p.has_penalties and not seq.hold_kv
+            and seq.prompt_logprobs is None and seq.num_output_tokens >= max(1, p.min_tokens)
+            and (p.greedy or seq.generator is None))
+
+
+class Speculator:
+
+    def __init__(self, config: SpeculativeConfig, blocks: BlockManager, max_model_len: int,
+                 max_num_batched_tokens: int, seed: int) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        # Its own CPU stream: verification draws on host copies of a few rows.
+        self.generator = torch.Generator().manual_seed(seed)
+        self.stats = SpecDecodeStats(accepted_per_pos=[0] * config.num_speculative_tokens)
+
+    def propose(self, scheduled: list[ScheduledSeq]) -> None:
+        """Gives each eligible decode item a draft and the blocks for it, within the step's token
+        budget; a step above disable_by_batch_size sequences does not speculate."""
+        cutoff = self.config.disable_by_batch_size
+        if cutoff is not None and len(scheduled) > cutoff:
+            return
+        budget = self.max_num_batched_tokens - sum(s.num_tokens for s in scheduled)
+        for item in scheduled:
+            seq = item.seq
+            if budget <= 0:
+                return
+            if item.num_tokens != 1 or not item.samples or not speculates(seq):
+                continue
+            # The bonus token always comes: a draft never reaches past max_tokens or the context.
+            room = min(self.config.num_speculative_tokens, budget,
+                       seq.params.max_tokens - seq.num_output_tokens - 1,
+                       self.max_model_len - seq.num_tokens)
+            draft = self.proposer.propose(seq.token_ids, room) if room > 0 else []
+            if draft and self.blocks.can_grow(seq, seq.num_tokens + len(draft)):
+                self.blocks.grow(seq, seq.num_tokens + len(draft))
+                item.draft = draft
+                budget -= len(draft)
+
+    def verify(self, items: list[ScheduledSeq], logits: torch.Tensor, generator: torch.Generator,
+               eos_ids: frozenset[int], masks: BatchMasks | None
+               ) -> tuple[list[list[int]], list[list[TokenLogprobs | None]]]:
+        """Tokens (and logprobs) each item accepts: one for an item without a draft, sampled as
+        without speculation; the verified prefix and one more for an item with one, whose KV then
+        counts as computed (see _commit)."""
+        starts, row = [], 0
+        for item in items:
+            starts.append(row)
+            row += 1 + len(item.draft)
+        tokens: list[list[int]] = [[] for _ in items]
+        logprobs: list[list[TokenLogprobs | None]] = [[] for _ in items]
+        plain = [i for i, item in enumerate(items) if not item.draft]
+        if plain:
+            rows = logits[torch.tensor([starts[i] for i in plain], device=logits.device)]
+            got, lps = sample(rows, [items[i].seq for i in plain], generator, eos_ids, masks)
+            for i, token, lp in zip(plain, got, lps):
+                tokens[i], logprobs[i] = [token], [lp]
+        for i, item in enumerate(items):
+            if item.draft:
+                rows = logits[starts[i]:starts[i] + 1 + len(item.draft)]
+                tokens[i], logprobs[i] = self._verify(item.seq, item.draft, rows)
+                self._commit(item.seq, tokens[i][:-1])
+        return tokens, logprobs
+
+    def _commit(self, seq: Sequence, accepted: list[int]) -> None:
+        """The accepted draft positions' KV is the sequence's: computed, and its full blocks hashed
+        into the prefix cache now, before the output processor appends the tokens and may finish
+        the request (freeing the blocks) at a stop among them. Hashing reads token_ids, so the
+        accepted tokens stand there for the while."""
+        if not accepted:
+            return
+        old = seq.num_computed_tokens
+        seq.token_ids += accepted
+        seq.num_computed_tokens += len(accepted)
+        self.blocks.cache_full_blocks(seq, old)
+        del seq.token_ids[-len(accepted):]
+
+    @torch.inference_mode()
+    def _verify(self, seq: Sequence, draft: list[int],
+                logits: torch.Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """logits: [len(draft) + 1, vocab], row j scoring the token after draft[:j]."""
+        p = seq.params
+        raw = logits.log_softmax(dim=1) if p.logprobs is not None else None
+        logits = logits.clone()
+        rows = [seq] * logits.shape[0]
+        apply_logit_bias(logits, rows)
+        if p.greedy:
+            out = verify_greedy(logits.argmax(dim=1).tolist(), draft)
+        else:
+            probs = filter_probs(logits, rows).to("cpu", torch.float64)
+            out = rejection_sample(probs, draft, None, self.generator)
+        self.stats.record(len(draft), len(out) - 1)
+        if raw is None:
+            return out, [None] * len(out)
+        return out, [token_logprobs(raw[j], out[j], p.logprobs) for j in range(len(out))]
+
+    def release_rejected(self, items: list[ScheduledSeq]) -> None:
+        """After the output processor took the accepted tokens: the blocks that only rejected
+        positions reached go back (a finished request gave back all of its own)."""
+        for item in items:
+            if item.draft and not item.seq.is_finished:
+                self.blocks.trim(item.seq, item.seq.num_tokens)
