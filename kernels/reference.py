@@ -121,3 +121,28 @@ def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
         half = x.shape[-1] // 2
         rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
         x.copy_((x32 * c + rotated * s).to(x.dtype))
+
+
+
+def lora_bgmv_ref(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                  scales: torch.Tensor, indices: torch.Tensor) -> None:
+    """y[t] += scales[s] * B[s] @ (A[s] @ x[t]) with s = indices[t], for every row t whose index is
+    not -1 (a base-model token): Punica's BGMV, in place. y [T, N] (rows may be strided),
+    x [T, K], A [S, R, K], B [S, N, R], scales [S].
+
+    As two GEMMs over the slots the batch uses rather than a copy of A and B per token (which on a
+    CPU would move more bytes than the base weights): every row is shrunk by every used adapter's
+    A, the blocks of other adapters are zeroed, and one GEMM with the used Bs side by side expands
+    each row by its own. The zeros add nothing, so each row's sums are its own adapter's."""
+    rows = (indices >= 0).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    dtype = _compute_dtype(x.dtype)
+    used, local = torch.unique(indices[rows], return_inverse=True)
+    u, rank, k = len(used), lora_a.shape[1], lora_a.shape[2]
+    shrunk = x[rows].to(dtype) @ lora_a[used].to(dtype).reshape(u * rank, k).T
+    own = torch.nn.functional.one_hot(local, u).to(dtype)  # [n, u]
+    shrunk = (shrunk.view(-1, u, rank) * own[:, :, None]).view(-1, u * rank)
+    expand = lora_b[used].to(dtype).permute(1, 0, 2).reshape(lora_b.shape[1], u * rank)
+    delta = (shrunk @ expand.T) * scales[used].to(dtype)[local][:, None]
+    y.index_add_(0, rows, delta.to(y.dtype))

@@ -2,9 +2,10 @@
 hashes.
 
 A block's key chains its parent's key with its token ids. The first block's parent is a root derived
-from a fixed seed, the model identity and an optional per-tenant salt, so neither different models
-nor different tenants ever share (or can probe) each other's cached blocks. Keys are 64-bit so they
-fit protobuf uint64.
+from a fixed seed, the model identity, an optional per-tenant salt and the LoRA adapter the request
+runs under, so neither different models, tenants nor adapters ever share (or can probe) each
+other's cached blocks (a prefix computed under one adapter holds other KV than under another).
+Keys are 64-bit so they fit protobuf uint64.
 """
 from __future__ import annotations
 
@@ -19,17 +20,19 @@ def _digest(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def root_hash(model_id: str, cache_salt: str | None = None) -> int:
+def root_hash(model_id: str, cache_salt: str | None = None, lora_name: str | None = None) -> int:
     salt = b"" if cache_salt is None else cache_salt.encode()
-    return _digest(HASH_SEED + b"\0" + model_id.encode() + b"\0" + salt)
+    # The base model's root is unchanged from before adapters existed.
+    adapter = b"" if lora_name is None else b"\0lora\0" + lora_name.encode()
+    return _digest(HASH_SEED + b"\0" + model_id.encode() + b"\0" + salt + adapter)
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str,
                  cache_salt: str | None = None, start: int = 0,
-                 parent: int | None = None) -> list[int]:
+                 parent: int | None = None, lora_name: str | None = None) -> list[int]:
     """Keys of the full blocks of token_ids, from block index `start` (whose parent key is
     `parent`)."""
-    h = root_hash(model_id, cache_salt) if parent is None else parent
+    h = root_hash(model_id, cache_salt, lora_name) if parent is None else parent
     # Each key digests the parent key's 8 bytes and the block's token ids as int64; the token array
     # is packed once rather than once per block (the router hashes every prompt on its decision
     # path).

@@ -69,6 +69,18 @@ class EngineConfig(BatonSettings):
         description="What a preempted request's KV becomes: swap keeps its full blocks in the "
                     "host tier and loads them back on resume; recompute drops them; auto is swap "
                     "with a host tier, else recompute")
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (implied by --lora-modules); requests name one in "
+                           "`model`")
+    lora_modules: list[str] = Field(
+        [], description="LoRA adapters to serve: name=path, or JSON {\"name\", \"path\", "
+                        "\"base_model_name\"} (PEFT folders)")
+    max_loras: int = Field(1, ge=1, description="LoRA adapters resident on the device at once "
+                                                "(a step's batch mixes at most this many)")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="LoRA adapters kept loaded in host memory, least recently used "
+                                "dropped first (default: max_loras)")
+    max_lora_rank: int = Field(16, ge=1, le=512, description="Highest LoRA rank accepted")
     speculative_config: str | None = Field(
         None,
         description="Speculative decoding, as vLLM's JSON: method ngram with "
@@ -103,6 +115,18 @@ class EngineConfig(BatonSettings):
                              "enable_prefix_caching")
         if self.preemption_mode == "swap" and self.kv_offload_host_gib == 0:
             raise ValueError("preemption_mode swap needs a host tier: set kv_offload_host_gib")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_modules_enable_lora(self) -> EngineConfig:
+        # vLLM's rule: naming adapters turns LoRA on; the host cache holds at least the slots.
+        if self.lora_modules:
+            self.enable_lora = True
+        if self.enable_lora and self.speculative_config is not None:
+            raise ValueError("LoRA adapters with --speculative-config are not supported yet")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                             f"({self.max_loras})")
         return self
 
     @field_validator("speculative_config")

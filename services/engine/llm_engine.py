@@ -1,6 +1,7 @@
 """The engine: requests in, one scheduled forward pass per step, tokens and text out."""
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.kv.block_manager import BlockEvent, BlockManager
 from baton.services.engine.kv.handoff import HandoffTable, HeldKV
 from baton.services.engine.kv.tiers.manager import TierManager
+from baton.services.engine.lora.manager import LoRAManager
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.output_processor import OutputProcessor
 from baton.services.engine.requests import EngineRequest, RequestIntake
@@ -26,6 +28,7 @@ from baton.services.engine.speculation.config import parse_speculative_config
 from baton.services.engine.speculation.speculator import Speculator
 from baton.services.engine.stats import EngineCounters, EngineStats
 
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The engine as a serving process sees it (the worker, whose engine loop sends these to the engine
@@ -116,15 +119,19 @@ class LLMEngine:
                                    config.enable_prefix_caching)
         self.tiers = build_tiers(config, self.runner)
         self.blocks.offload = self.tiers
+        self.lora: LoRAManager | None = None
+        if config.enable_lora:
+            self.lora = LoRAManager(config, self.model_config, self.model_id,
+                                    getattr(self.runner, "lora", None))
         self.scheduler = Scheduler(self.blocks, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.enable_chunked_prefill, self.tiers,
-                                   swap=config.preemption_mode != "recompute")
+                                   swap=config.preemption_mode != "recompute", lora=self.lora)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = EngineCounters()
         # Both ends of a KV hand-off: sequences with blocks taken outside the batch (kv/handoff.py).
         self.handoffs = HandoffTable()
         self.intake = RequestIntake(config, self.model_config, self.tokenizer, self.eos_ids,
-                                    self.max_model_len, self.blocks, self.handoffs)
+                                    self.max_model_len, self.blocks, self.handoffs, self.lora)
         self.outputs = OutputProcessor(self.intake, self.scheduler, self.handoffs, self.counters,
                                        self.eos_ids)
         self.speculator = self._speculator(config)
@@ -150,9 +157,11 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None,
-                    output_token_ids: list[int] | None = None, hold_kv: bool = False) -> None:
+                    output_token_ids: list[int] | None = None, hold_kv: bool = False,
+                    lora_name: str | None = None) -> None:
         """submit() with the request spelled out (offline callers)."""
-        self.submit(EngineRequest(request_id, prompt_token_ids, params, priority, cache_salt),
+        self.submit(EngineRequest(request_id, prompt_token_ids, params, priority, cache_salt,
+                                  lora_name),
                     output_token_ids=output_token_ids, hold_kv=hold_kv)
 
     def submit(self, request: EngineRequest, *, output_token_ids: list[int] | None = None,
@@ -176,7 +185,8 @@ class LLMEngine:
         seq = self.intake.admit(request)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
         if (len(self.scheduler.running) >= self.config.max_num_seqs
-                or not self.blocks.can_admit(hits, seq.num_tokens)):
+                or not self.blocks.can_admit(hits, seq.num_tokens)
+                or not self._lora_slot_for(seq)):
             self.intake.forget(seq.request_id)
             return None
         self.blocks.admit(seq, hits)
@@ -186,6 +196,16 @@ class LLMEngine:
         self.scheduler.stats.prefix_cache_hits += seq.num_cached_tokens
         self.handoffs.reserve(seq)
         return list(seq.block_ids), len(hits)
+
+    def _lora_slot_for(self, seq: Sequence) -> bool:
+        """The decode side of a hand-off holds its adapter's slot from the reservation on."""
+        if self.lora is None:
+            return True
+        try:
+            return self.lora.acquire(seq)
+        except ValueError:
+            self.intake.forget(seq.request_id)
+            raise
 
     def commit_prefilled(self, request_id: str, first_token: int,
                          first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
@@ -202,7 +222,10 @@ class LLMEngine:
     def park_reserved(self, request_id: str) -> int:
         """Moves a reservation out of its request's way, its blocks still taken (a late write may
         still land in them); returns the ticket that release_parked frees them by."""
+        seq = self.seqs.get(request_id)
         ticket = self.handoffs.park(request_id)
+        if seq is not None and self.lora is not None:
+            self.lora.release(seq)
         self.intake.forget(request_id)
         return ticket
 
@@ -219,6 +242,8 @@ class LLMEngine:
         if seq is None:
             return False
         self.blocks.free(seq)
+        if self.lora is not None:
+            self.lora.release(seq)
         self.seqs.pop(request_id, None)
         self.detokenizers.pop(request_id, None)
         return True
@@ -265,7 +290,9 @@ class LLMEngine:
             prefill_tokens_queued=sched.prefill_tokens_queued(), decode_rows=rows,
             decode_context_tokens=context_tokens, decode_fit=counters.decode_cost.fit(),
             recent_step_seconds=list(counters.recent_step_seconds),
-            prefill_tokens_per_s=counters.prefill_tokens_per_s())
+            prefill_tokens_per_s=counters.prefill_tokens_per_s(),
+            lora=None if self.lora is None else self.lora.stats(),
+            lora_running=sorted(sched.running_loras()), lora_waiting=sorted(sched.waiting_loras()))
 
     @property
     def block_size(self) -> int:
@@ -301,8 +328,9 @@ class LLMEngine:
         """One scheduled forward pass; returns an output for every request that produced tokens or
         finished."""
         scheduled = self.scheduler.schedule()
+        failed = self._fail_unloadable()
         if not scheduled:
-            return []
+            return failed
         started = time.perf_counter()
         if self.speculator is not None:
             self.speculator.propose(scheduled)
@@ -325,9 +353,24 @@ class LLMEngine:
             # One accepted token per sequence: the sampler draws one per row.
             accepted, accepted_lps = [[t] for t in tokens], [[lp] for lp in logprobs]
         self._record_step(scheduled, prompt_counts, prompt_tokens, time.perf_counter() - started)
+        if self.lora is not None:
+            for item, count in zip(scheduled, prompt_counts):
+                self.lora.count_tokens(item.seq.lora_name, count, 0)
+            for seq, tokens in zip(seqs, accepted):
+                self.lora.count_tokens(seq.lora_name, 0, len(tokens))
         outputs = self.outputs.process(seqs, accepted, accepted_lps)
         if self.speculator is not None:
             self.speculator.release_rejected(items)
+        return failed + outputs
+
+    def _fail_unloadable(self) -> list[RequestOutput]:
+        """Ends the waiting requests whose adapter could not be read from disk any more."""
+        failed, self.scheduler.failed = self.scheduler.failed, []
+        outputs = []
+        for seq, reason in failed:
+            log.error("request %s: %s", seq.request_id, reason)
+            seq.finish_reason = "abort"
+            outputs.append(self.outputs.finish(seq))
         return outputs
 
     def _record_step(self, scheduled: list[ScheduledSeq], prompt_counts: list[int],

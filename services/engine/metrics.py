@@ -5,6 +5,7 @@ baton_num_preemptions_total); docs/metrics.md lists them.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -82,3 +83,29 @@ class EngineCollector(Collector):
         yield gauge("baton_kv_cache_free_blocks", "KV-cache blocks free or evictable",
                     e.blocks.num_free_blocks)
         yield gauge("baton_kv_cache_total_blocks", "KV-cache blocks in all", e.blocks.num_blocks)
+        if e.lora is not None:
+            yield from _lora_metrics(e, label)
+
+
+def _lora_metrics(e: "LLMEngine", label: dict[str, str]) -> Iterator[Metric]:
+    """vLLM's lora_requests_info (the adapters running and waiting as labels, its value the time
+    read), and each adapter's tokens, which a tenant's bill counts."""
+    stats = e.lora.stats()
+    info = GaugeMetricFamily(
+        "baton_lora_requests_info", "LoRA adapters of running and waiting requests",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+    info.add_metric([str(stats.max_loras), ",".join(sorted(e.scheduler.running_loras())),
+                     ",".join(sorted(e.scheduler.waiting_loras()))], time.time())
+    yield info
+    for name, doc, counts in (
+            ("baton_lora_prompt_tokens", "Prompt tokens computed under each LoRA adapter",
+             stats.prompt_tokens),
+            ("baton_lora_generation_tokens", "Tokens generated under each LoRA adapter",
+             stats.generation_tokens)):
+        family = CounterMetricFamily(name, doc, labels=[*label, "lora_name"])
+        for adapter in stats.registered:
+            family.add_metric([*label.values(), adapter], counts.get(adapter, 0))
+        yield family
+    yield CounterMetricFamily("baton_lora_slot_loads",
+                              "LoRA adapters copied into a device slot (a reload counts again)",
+                              value=stats.slot_loads)

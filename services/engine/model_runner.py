@@ -16,6 +16,7 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from baton.services.engine.layers.attention import (Attention, AttentionMetadata, PrefillSpan,
                                                     plan_torch)
+from baton.services.engine.lora.weights import LoRAState, attach
 from baton.services.engine.models.loader import load_model
 from baton.services.engine.prompt_logprobs import score_prompts
 from baton.services.engine.scheduler import ScheduledSeq
@@ -45,6 +46,10 @@ class ModelRunner:
         # Weights first, so that the cache budget on a GPU is what they leave.
         self.attention = Attention(head_dim(config) ** -0.5, backend, engine.block_size)
         self.model = load_model(model_dir, config, self.attention, dtype, device, max_model_len)
+        # Adapter slots are weights too: allocated before the cache takes what is left.
+        self.lora: LoRAState | None = None
+        if engine.enable_lora:
+            self.lora = attach(self.model, engine.max_loras, engine.max_lora_rank, dtype, device)
         self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len,
                                               kv_blocks_wanted)
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size,
@@ -69,7 +74,8 @@ class ModelRunner:
     def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
         """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden
         states."""
-        return (all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs for s in scheduled)
+        return (all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs
+                    and s.seq.lora_slot is None for s in scheduled)
                 and self.graphs.can_run(len(scheduled)))
 
     @torch.inference_mode()
@@ -77,6 +83,8 @@ class ModelRunner:
         """Runs the step. Returns the items that sample, in packed order, and their float32 logits:
         one row each, or one per position for an item with a draft (1 + its length). Sequences that
         asked for prompt logprobs get this step's share appended."""
+        if self.lora is not None:
+            self.lora.indices = None
         if self.graphs is not None and self._graphable(scheduled):
             hidden = self.graphs.run(_decode_batch(scheduled, self.block_size))
             keep = [i for i, s in enumerate(scheduled) if s.samples]
@@ -116,8 +124,13 @@ class ModelRunner:
         lens = firsts + counts
         query_start = torch.cat((torch.zeros(1, dtype=torch.int64), ends[:num_prefill]))
         host = [ids, positions, slots, sample_rows, tables.flatten(), query_start, lens]
+        adapters = self._lora_slots(packed)
+        if adapters is not None:
+            host.append(adapters[row])
         dev = torch.cat(host).to(self.device, non_blocking=True).split([len(t) for t in host])
-        ids_d, positions_d, slots_d, sample_d, tables_d, start_d, lens_d = dev
+        ids_d, positions_d, slots_d, sample_d, tables_d, start_d, lens_d = dev[:7]
+        if adapters is not None:
+            self.lora.indices = dev[7]
         tables_d = tables_d.view(tables.shape).to(torch.int32)
         spans = [
             PrefillSpan(int(ends[i] - counts[i]), int(counts[i]), int(lens[i]), s.seq.block_ids)
@@ -136,6 +149,12 @@ class ModelRunner:
             meta.torch_plan = plan_torch(slots_d, [s.seq.block_ids for s in decodes],
                                          lens[num_prefill:].tolist(), bs, self.block_bytes)
         return ids_d, positions_d, meta, sample_d
+
+    def _lora_slots(self, packed: list[ScheduledSeq]) -> torch.Tensor | None:
+        """Each sequence's adapter slot (-1: the base model); None when no sequence has one."""
+        if self.lora is None or all(s.seq.lora_slot is None for s in packed):
+            return None
+        return torch.tensor([-1 if s.seq.lora_slot is None else s.seq.lora_slot for s in packed])
 
 
 def _sample_rows(packed: list[ScheduledSeq], ends: torch.Tensor) -> torch.Tensor:

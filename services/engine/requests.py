@@ -12,6 +12,8 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.detokenizer import IncrementalDetokenizer
 from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.kv.handoff import HandoffTable
+from baton.services.engine.lora.manager import LoRAManager
+from baton.services.engine.lora.modules import LoRANotFound
 from baton.services.engine.sampler import skip_draws
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.structured.compiler import GrammarCache, make_tokenizer
@@ -27,6 +29,7 @@ class EngineRequest:
     params: SamplingParams
     priority: int = 0
     cache_salt: str | None = None
+    lora_name: str | None = None  # the adapter named by the request's `model`; None: the base
 
 
 class RequestIntake:
@@ -35,7 +38,8 @@ class RequestIntake:
 
     def __init__(self, config: EngineConfig, model_config: PretrainedConfig,
                  tokenizer: PreTrainedTokenizerBase, eos_ids: frozenset[int], max_model_len: int,
-                 blocks: BlockManager, handoffs: HandoffTable) -> None:
+                 blocks: BlockManager, handoffs: HandoffTable,
+                 lora: LoRAManager | None = None) -> None:
         self.config = config
         self.vocab_size = model_config.vocab_size
         self.tokenizer = tokenizer
@@ -43,6 +47,7 @@ class RequestIntake:
         self.max_model_len = max_model_len
         self.blocks = blocks
         self.handoffs = handoffs
+        self.lora = lora
         self.seqs: dict[str, Sequence] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         # Built on the first structured request: wrapping a large vocabulary for the grammar engine
@@ -62,13 +67,15 @@ class RequestIntake:
             raise ValueError(f"request id {request_id!r} is already in flight")
         params.validate(self.config.max_logprobs)
         self._check_engine_params(params)
+        self._check_lora(request.lora_name)
         outputs = list(output_token_ids or ())
         if len(outputs) >= params.max_tokens:
             raise ValueError(f"the request already has {len(outputs)} output tokens of max_tokens "
                              f"{params.max_tokens}")
         self._check_prompt(prompt + outputs, params, len(outputs))
         seq = Sequence(request_id, prompt, params, priority=request.priority,
-                       cache_salt=request.cache_salt, output_token_ids=outputs)
+                       cache_salt=request.cache_salt, output_token_ids=outputs,
+                       lora_name=request.lora_name)
         if params.structured_output is not None:
             seq.grammar = self._grammar(params, outputs)
         skip_draws(seq, self.vocab_size, len(outputs))
@@ -98,6 +105,13 @@ class RequestIntake:
         state = GrammarState(self.grammars.matcher(params.structured_output))
         state.replay(outputs)
         return state
+
+    def _check_lora(self, name: str | None) -> None:
+        if name is None:
+            return
+        if self.lora is None:
+            raise LoRANotFound(f"the LoRA adapter {name!r} is not served here (LoRA is off)")
+        self.lora.check(name)
 
     def _check_engine_params(self, params: SamplingParams) -> None:
         vocab = self.vocab_size

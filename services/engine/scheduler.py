@@ -2,7 +2,9 @@
 
 Each step first advances running sequences (decodes, then unfinished prefill chunks), preempting by
 recompute (or swap) when blocks run out, then admits waiting sequences, highest priority first and
-FCFS within a priority.
+FCFS within a priority. A waiting sequence whose LoRA adapter has no device slot yet (every slot
+held by running sequences, or its weights still on their way from disk) stays waiting and is passed
+over, so the sequences behind it, of resident adapters or the base model, still run.
 
 With KV tiers (kv/tiers), a waiting sequence whose prefix continues past the device cache into the
 host or disk tier is admitted into a loading state: blocks are allocated for that part and the copy
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.kv.tiers.jobs import Load, TierHit
 from baton.services.engine.kv.tiers.manager import TierManager
+from baton.services.engine.lora.manager import LoRAManager
+from baton.services.engine.lora.modules import LoRAError
 from baton.services.engine.sequence import Sequence, Status
 
 
@@ -51,7 +55,7 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int,
                  enable_chunked_prefill: bool = True, tiers: TierManager | None = None,
-                 swap: bool = False) -> None:
+                 swap: bool = False, lora: LoRAManager | None = None) -> None:
         self.blocks = block_manager
         self.tiers = tiers
         self.swap = swap and tiers is not None
@@ -63,6 +67,9 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # kept sorted by Sequence.sort_key
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
+        self.lora = lora
+        # Waiting sequences whose adapter could not be read: the engine ends them after schedule().
+        self.failed: list[tuple[Sequence, str]] = []
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -91,6 +98,8 @@ class Scheduler:
             del self.loading[job_id]
         if free_blocks:
             self.blocks.free(seq)
+        if self.lora is not None:
+            self.lora.release(seq)
         seq.status = Status.FINISHED
 
     def prefill_tokens_queued(self) -> int:
@@ -145,16 +154,35 @@ class Scheduler:
             budget -= n
         return preempted
 
+    def _lora_ready(self, seq: Sequence) -> bool:
+        """Whether seq's adapter (if any) holds a device slot for it now."""
+        if self.lora is None:
+            return True
+        try:
+            return self.lora.acquire(seq)
+        except LoRAError as e:
+            self.failed.append((seq, str(e)))
+            return False
+
+    def waiting_loras(self) -> set[str]:
+        return {s.lora_name for s in self.waiting if s.lora_name is not None}
+
+    def running_loras(self) -> set[str]:
+        return {s.lora_name for s in self.running if s.lora_name is not None}
+
     def _schedule_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:
-        while (self.waiting and budget > 0
+        i = 0
+        while (i < len(self.waiting) and budget > 0
                and len(self.running) + len(self.loading) < self.max_num_seqs):
-            seq = self.waiting[0]
+            seq = self.waiting[i]
             # Prompt logprobs need every prompt position's logits: see prompt_logprobs.py.
             hits = [] if seq.wants_prompt_logprobs else self.blocks.cached_prefix(seq)
             tier_hits = self._tier_lookup(seq, len(hits))
             if tier_hits is not None:
-                if not self._admit_loading(seq, hits, tier_hits):
+                admitted = self._admit_loading(seq, i, hits, tier_hits)
+                if admitted is None:
                     break
+                i += int(not admitted)
                 continue
             remaining = seq.num_tokens - len(hits) * self.blocks.block_size
             n = min(remaining, budget)
@@ -162,7 +190,10 @@ class Scheduler:
                 break
             if not self.blocks.can_admit(hits, len(hits) * self.blocks.block_size + n):
                 break
-            self.waiting.pop(0)
+            if not self._lora_ready(seq):
+                i += 1
+                continue
+            self.waiting.pop(i)
             self._count_hits(seq, hits, [])
             self.blocks.admit(seq, hits)
             self.blocks.grow(seq, seq.num_computed_tokens + n)
@@ -194,15 +225,20 @@ class Scheduler:
         found = self.tiers.lookup(hashes[device_hits:limit]) if device_hits < limit else []
         return found or None
 
-    def _admit_loading(self, seq: Sequence, hits: list[int], tier_hits: list[TierHit]) -> bool:
-        """Admits seq into the loading state: its device hits pinned, blocks allocated for its tier
-        hits and their copy queued. False (nothing taken) when the blocks do not fit now."""
+    def _admit_loading(self, seq: Sequence, index: int, hits: list[int],
+                       tier_hits: list[TierHit]) -> bool | None:
+        """Admits seq (waiting[index]) into the loading state: its device hits pinned, blocks
+        allocated for its tier hits and their copy queued. Nothing is taken when the blocks do not
+        fit now (None: admission stops) or its adapter has no slot yet (False: passed over)."""
         bs = self.blocks.block_size
         end = len(hits) + len(tier_hits)
         if not self.blocks.can_admit(hits, end * bs):
             self.tiers.release(tier_hits)
+            return None
+        if not self._lora_ready(seq):
+            self.tiers.release(tier_hits)
             return False
-        self.waiting.pop(0)
+        self.waiting.pop(index)
         self._count_hits(seq, hits, tier_hits)
         self.blocks.admit(seq, hits)
         self.blocks.grow(seq, end * bs)
@@ -233,6 +269,8 @@ class Scheduler:
         swap they also go to the host tier, and its resume loads them from there."""
         self.running.remove(seq)
         self.blocks.free(seq, offload=self.swap)
+        if self.lora is not None:
+            self.lora.release(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.stats.preemptions += 1

@@ -26,7 +26,7 @@ class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                  priority: int = 0, cache_salt: str | None = None,
                  arrival_time: float | None = None, output_token_ids: list[int] | None = None,
-                 hold_kv: bool = False) -> None:
+                 hold_kv: bool = False, lora_name: str | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         # prompt + output; output may start non-empty when a request continues elsewhere (migration)
@@ -37,6 +37,10 @@ class Sequence:
         self.params = params
         self.priority = priority
         self.cache_salt = cache_salt
+        # The LoRA adapter the request runs under (None: the base model), and the device slot it
+        # holds while admitted (services/engine/lora/manager.py).
+        self.lora_name = lora_name
+        self.lora_slot: int | None = None
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = Status.WAITING
         self.num_computed_tokens = 0
@@ -93,7 +97,7 @@ class Sequence:
         if have < self.num_tokens // block_size:
             parent = self.block_hashes[-1] if have else None
             self.block_hashes += block_hashes(self.token_ids, block_size, model_id, self.cache_salt,
-                                              start=have, parent=parent)
+                                              start=have, parent=parent, lora_name=self.lora_name)
         return self.block_hashes
 
     def sort_key(self) -> tuple[int, float]:

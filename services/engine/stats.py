@@ -5,6 +5,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from baton.services.common.decode_cost import DecodeCostFit, DecodeCostModel
+from baton.services.engine.lora.manager import LoRAStats
 
 
 @dataclass
@@ -41,3 +42,6 @@ class EngineStats:
     decode_fit: DecodeCostFit | None
     recent_step_seconds: list[float]
     prefill_tokens_per_s: float | None
+    lora: LoRAStats | None = None  # None: LoRA is off
+    lora_running: list[str] = field(default_factory=list)  # adapters of running requests
+    lora_waiting: list[str] = field(default_factory=list)  # adapters of waiting requests

@@ -63,6 +63,7 @@ class ChoiceRequest:
     metadata: Sequence[tuple[str, str]] = ()  # trace context for the router and workers
     # the request's prompt_cache_key: the router keeps requests that share it on one worker
     affinity_key: str = ""
+    lora_name: str | None = None  # the LoRA adapter its `model` named; None: the base model
 
 
 @dataclass
@@ -119,7 +120,8 @@ class Orchestrator:
                                tpot_slo_s=int(tpot) / 1000 if tpot is not None else None,
                                excluded_worker_ids=frozenset(excluded),
                                first_token_at_prefill=first_token_at_prefill(choice.params),
-                               affinity_key=choice.affinity_key)
+                               affinity_key=choice.affinity_key,
+                               lora_name=choice.lora_name)
         try:
             return await self.router.Place(place_request_to_proto(request),
                                            metadata=choice.metadata)
@@ -175,7 +177,8 @@ class Orchestrator:
     def _attempt(self, choice: ChoiceRequest, placement: router_pb2.Placement, tokens: list[int],
                  local: bool) -> AsyncIterator[worker_pb2.GenerateResponse]:
         meta = worker_pb2.RequestMeta(request_id=choice.request_id, priority=choice.priority,
-                                      cache_salt=choice.cache_salt)
+                                      cache_salt=choice.cache_salt,
+                                      lora_name=choice.lora_name or "")
         decode = self.workers.get(placement.decode_address)
         # a migration: the new decode worker recomputes prompt and tokens so far, and goes on
         if tokens:

@@ -48,6 +48,7 @@ class ApiRequest:
     # set once its choices start: from then on the end of the last one settles the reservation
     launched: bool = False
     completion_tokens: int = 0  # the choices' outputs so far, summed when each ends
+    lora_name: str | None = None  # the LoRA adapter `model` named; None: the base model
 
 
 @dataclass
@@ -168,7 +169,7 @@ class Serving:
                              inp.params.for_choice(state.index), api.tenant.name,
                              api.priority, salt, slo.ttft_ms if slo else None,
                              slo.tpot_ms if slo else None, metadata,
-                             api.oai.prompt_cache_key or "")
+                             api.oai.prompt_cache_key or "", api.lora_name)
 
     async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
                           metadata: tuple[tuple[str, str], ...]) -> None:

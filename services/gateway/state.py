@@ -32,6 +32,8 @@ class Gateway:
     # the model family's tool-call format, for auto tool_choice
     tool_parser: ToolParser | None = None
     draining: bool = False
+    # the LoRA adapters the workers serve (through the router's GetStats): names `model` may give
+    lora_adapters: frozenset[str] = frozenset()
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
     router_health: RouterHealth | None = None
     # renders chat templates and tokenizes, so a long prompt does not stall the event loop

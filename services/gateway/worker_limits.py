@@ -43,6 +43,7 @@ class WorkerLimits:
                                           timeout=self.interval_s))
         except grpc.aio.AioRpcError:
             return None
+        self.gateway.lora_adapters = frozenset(stats.lora_adapters)
         if not stats.max_model_len:
             return False
         self._apply(stats.model, stats.max_model_len)

@@ -14,7 +14,7 @@ from pydantic_settings import NoDecode
 from baton.services.common.settings import BatonSettings
 
 DEFAULT_SCORERS = ("prefix_overlap:2,affinity_key:2,kv_utilization:1,queued_prefill_tokens:1,"
-                   "inflight_requests:1")
+                   "inflight_requests:1,lora_affinity:1")
 
 
 class ScorerWeight(BaseModel):
@@ -63,7 +63,8 @@ class PluginSettings(BaseModel):
     scorers: Annotated[list[ScorerWeight], NoDecode] = Field(
         DEFAULT_SCORERS,
         description="Weighted scorers, name:weight,... (registered names: prefix_overlap, "
-                    "affinity_key, kv_utilization, queued_prefill_tokens, inflight_requests); "
+                    "affinity_key, kv_utilization, queued_prefill_tokens, inflight_requests, "
+                    "lora_affinity); "
                     "weight 0 or "
                     "leaving one out turns it off. A plugin file may give a YAML list instead")
     sticky_queued_prefill_tokens: int = Field(

@@ -70,7 +70,8 @@ class Planner:
         sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids),
                                  self.config.block_size, now,
                                  self.index.match_lengths(pending.hashes), req.tenant, req.priority,
-                                 self.affinity.workers_for(req.tenant, req.affinity_key))
+                                 self.affinity.workers_for(req.tenant, req.affinity_key),
+                                 lora_name=req.lora_name)
         workers, tpot, refusal = self._decode_fit(pending, candidates)
         if refusal is not None:
             return refusal

@@ -244,7 +244,7 @@ class Router:
         self._validate(req)
         # Hashing is the costliest step and needs no shared state, so it runs outside the lock.
         hashes = block_hashes(req.prompt_token_ids, self.config.block_size, self.config.model,
-                              req.cache_salt)
+                              req.cache_salt, lora_name=req.lora_name)
         slo_s = req.ttft_slo_s if req.ttft_slo_s is not None else self.config.default_ttft_slo_s
         tpot_slo_s = (req.tpot_slo_s
                       if req.tpot_slo_s is not None else self.config.default_tpot_slo_s)
@@ -435,10 +435,12 @@ class Router:
                     sum(w.inflight_requests() for w in members),
                     sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
                     sum(w.is_saturated(now, self.limits) for w in members))
-            limits = [w.report.max_model_len for w in self._workers.values()
-                      if w.is_alive(now) and w.report is not None and w.report.max_model_len]
+            reports = [w.report for w in self._workers.values()
+                       if w.is_alive(now) and w.report is not None]
+            limits = [r.max_model_len for r in reports if r.max_model_len]
+            adapters = tuple(sorted(set().union(*(r.lora_adapters for r in reports))))
             return RouterStats(pools, len(self.admission.queue), len(self._leases),
-                               self.config.model, min(limits, default=0))
+                               self.config.model, min(limits, default=0), adapters)
 
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:

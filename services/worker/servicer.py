@@ -79,7 +79,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _request(request_id: str, meta: pb.RequestMeta, prompt: list[int],
                  params: pb.SamplingParams) -> EngineRequest:
         return EngineRequest(request_id, prompt, params_from_proto(params), meta.priority,
-                             meta.cache_salt or None)
+                             meta.cache_salt or None, meta.lora_name or None)
 
     def _enter(self) -> None:
         self.in_flight += 1
@@ -197,7 +197,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             ], num_leases=len(self.prefill_side.leases), draining=self.draining,
             block_size=self.engine.block_size, model=self.engine.model_id,
             max_model_len=self.engine.max_model_len,
-            prefill_tokens_per_s=s.prefill_tokens_per_s or 0.0)
+            prefill_tokens_per_s=s.prefill_tokens_per_s or 0.0,
+            lora_adapters=s.lora.registered if s.lora else [],
+            loaded_loras=s.lora.resident if s.lora else [])
 
     async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVEventBatch]:

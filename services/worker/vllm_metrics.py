@@ -28,6 +28,7 @@ VLLM_NAMES = {
     "vllm:inter_token_latency_seconds": "baton_inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds": "baton_e2e_request_latency_seconds",
     "vllm:request_success": "baton_request_success",
+    "vllm:lora_requests_info": "baton_lora_requests_info",
 }
 
 

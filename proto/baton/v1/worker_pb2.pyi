@@ -76,14 +76,16 @@ class StructuredOutput(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class RequestMeta(_message.Message):
-    __slots__ = ("request_id", "priority", "cache_salt")
+    __slots__ = ("request_id", "priority", "cache_salt", "lora_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     priority: int
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, request_id: _Optional[str] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("meta", "prompt_token_ids", "params")
@@ -277,7 +279,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens")
+    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens", "lora_adapters", "loaded_loras")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +301,8 @@ class WorkerStats(_message.Message):
     DECODE_STEP_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     DECODE_ROWS_FIELD_NUMBER: _ClassVar[int]
     DECODE_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_LORAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: Role
     timestamp_unix_ms: int
@@ -320,7 +324,9 @@ class WorkerStats(_message.Message):
     decode_step_samples: int
     decode_rows: int
     decode_context_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ...) -> None: ...
+    lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    loaded_loras: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamKVEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

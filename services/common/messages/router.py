@@ -38,6 +38,7 @@ class PlaceRequest:
     first_token_at_prefill: bool = False
     # the client's prompt_cache_key: requests sharing it stay on one worker while it keeps up
     affinity_key: str = ""
+    lora_name: str | None = None  # the LoRA adapter the request runs under; None: the base model
 
 
 @dataclass(frozen=True)
@@ -81,3 +82,4 @@ class RouterStats:
     model: str = ""
     # the smallest limit the live workers report (a request must fit wherever it lands); 0: none yet
     max_model_len: int = 0
+    lora_adapters: tuple[str, ...] = ()  # served by its live workers

@@ -32,6 +32,8 @@ class LoadReport:
     model: str = ""
     block_size: int = 0
     prefill_tokens_per_s: float = 0.0  # measured; 0 before a measurement
+    lora_adapters: frozenset[str] = frozenset()  # LoRA adapters served
+    loaded_loras: frozenset[str] = frozenset()  # of those, in a device slot now
 
 
 class EventKind(enum.IntEnum):

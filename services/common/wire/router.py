@@ -33,7 +33,8 @@ def place_request_to_proto(req: PlaceRequest) -> rpb.PlaceRequest:
                                priority=req.priority, max_tokens=req.max_tokens,
                                excluded_worker_ids=sorted(req.excluded_worker_ids),
                                first_token_at_prefill=req.first_token_at_prefill,
-                               affinity_key=req.affinity_key)
+                               affinity_key=req.affinity_key,
+                               lora_name=req.lora_name or "")
     if req.ttft_slo_s is not None:
         message.ttft_slo_ms = _ms(req.ttft_slo_s)
     if req.tpot_slo_s is not None:
@@ -55,7 +56,8 @@ def place_request_from_proto(request: rpb.PlaceRequest) -> PlaceRequest:
         tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
         excluded_worker_ids=frozenset(request.excluded_worker_ids),
         first_token_at_prefill=request.first_token_at_prefill,
-        affinity_key=request.affinity_key)
+        affinity_key=request.affinity_key,
+        lora_name=request.lora_name or None)
 
 
 def placement_to_proto(p: Placement) -> rpb.Placement:
@@ -100,7 +102,8 @@ def router_stats_to_proto(stats: RouterStats) -> rpb.RouterStats:
     ]
     return rpb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
                            leases=stats.leases, model=stats.model,
-                           max_model_len=stats.max_model_len)
+                           max_model_len=stats.max_model_len,
+                           lora_adapters=list(stats.lora_adapters))
 
 
 def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
@@ -109,7 +112,7 @@ def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
                              p.mean_kv_utilization, p.saturated_workers)
              for p in stats.pools if (role := _role(p.role)) is not None}
     return RouterStats(pools, stats.queued_requests, stats.leases, stats.model,
-                       stats.max_model_len)
+                       stats.max_model_len, tuple(stats.lora_adapters))
 
 
 def _role(value: int) -> Role | None:
@@ -133,7 +136,9 @@ def load_report_from_proto(stats: wpb.WorkerStats) -> LoadReport:
                       max_model_len=stats.max_model_len,
                       worker_id=stats.worker_id, role=_role(stats.role), model=stats.model,
                       block_size=stats.block_size,
-                      prefill_tokens_per_s=stats.prefill_tokens_per_s)
+                      prefill_tokens_per_s=stats.prefill_tokens_per_s,
+                      lora_adapters=frozenset(stats.lora_adapters),
+                      loaded_loras=frozenset(stats.loaded_loras))
 
 
 def kv_events_from_proto(batch: wpb.KVEventBatch) -> KVEventBatch:

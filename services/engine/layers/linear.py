@@ -4,15 +4,21 @@ Every projection a model builds is one of these, named for how tensor parallelis
 (Megatron: column-parallel layers by output rows, row-parallel ones by input columns followed by
 one all-reduce). Until that is built every rank holds whole weights, so the classes differ only in
 how checkpoint tensors stack into them. LinearBase.forward is the one place a shard's all-reduce or
-an adapter's low-rank delta is to be added, and weight_loader the one place a rank picks its slice.
+an adapter's low-rank delta (services/engine/lora/) is added, and weight_loader the one place a
+rank picks its slice.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from baton.services.engine.layers.weights import Loadable, copy_checked
+
+if TYPE_CHECKING:
+    from baton.services.engine.lora.weights import LayerLoRA
 
 
 class LinearBase(nn.Module):
@@ -22,6 +28,8 @@ class LinearBase(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.register_parameter("bias", nn.Parameter(torch.empty(out_features)) if bias else None)
+        # Set by services/engine/lora/weights.py:attach when the engine serves LoRA adapters.
+        self.lora: LayerLoRA | None = None
 
     def rows(self, part: int | None) -> slice:
         """The rows of weight and bias that a checkpoint tensor for `part` fills."""
@@ -34,7 +42,11 @@ class LinearBase(nn.Module):
         return copy_checked(param[self.rows(part)], loaded, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            # The base GEMM is shared by the whole batch; each token adds its adapter's delta.
+            self.lora.add_delta(x, y)
+        return y
 
 
 class RowParallelLinear(LinearBase):

@@ -12,8 +12,9 @@ from baton.services.openai.streaming import ChunkWriter, CompletionChunkWriter
 
 def _writer(serving: Serving, api: ApiRequest) -> ChunkWriter:
     assert isinstance(api.oai, CompletionRequest)  # parsed by this endpoint's model
-    return CompletionChunkWriter(api.oai, api.response_id, serving.gateway.model_name,
-                                 serving.token_text(api.oai))
+    # The adapter's name, as vLLM answers a request to an adapter.
+    model = api.lora_name or serving.gateway.model_name
+    return CompletionChunkWriter(api.oai, api.response_id, model, serving.token_text(api.oai))
 
 
 COMPLETIONS = Endpoint("/v1/completions", CompletionRequest, _writer)

@@ -20,6 +20,7 @@ from baton.services.gateway.body import parse_json, read_body
 from baton.services.gateway.errors import CLIENT_CLOSED, error_response, protocol_error_response
 from baton.services.gateway.orchestrator import Refused
 from baton.services.gateway.rate_limits.store import RateLimited
+from baton.services.gateway.routes.json_route import unknown_model
 from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.gateway.tenants import AuthError
 from baton.services.openai.common import BaseRequest
@@ -87,9 +88,11 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
                     endpoint.url, ", ".join(sorted(oai.ignored_fields)))
     if oai.return_tokens_as_token_ids is None:
         oai.return_tokens_as_token_ids = config.return_tokens_as_token_ids
-    if oai.model is not None and oai.model != gateway.model_name:
-        return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
-                                   f"`{gateway.model_name}`", "model_not_found", param="model")
+    refused = unknown_model(gateway, oai.model)
+    if refused is not None:
+        return refused
+    # a name other than the base model's is one of the workers' LoRA adapters
+    lora_name = oai.model if oai.model not in (None, gateway.model_name) else None
     priority = tenant.priority_for(oai.priority, config.max_request_priority)
     inp = await asyncio.get_running_loop().run_in_executor(
         gateway.tokenize_pool,
@@ -99,7 +102,7 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
         _reserved_tokens(oai, inp, config.rate_limit_output_estimate))
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
-                     _trace_headers(request), reservation)
+                     _trace_headers(request), reservation, lora_name=lora_name)
     log.debug("request %s: %d prompt tokens, %d choices, tenant %s, end user %s, priority %d",
               api.response_id, inp.prompt_tokens, inp.choices, tenant.name, oai.end_user(),
               priority)
@@ -155,8 +158,8 @@ async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[
     if states is None:
         return None
     gateway = serving.gateway
-    return build_response(api.oai, states, gateway.tokenizer, gateway.model_name, api.response_id,
-                          gateway.tool_parser)
+    return build_response(api.oai, states, gateway.tokenizer, api.lora_name or gateway.model_name,
+                          api.response_id, gateway.tool_parser)
 
 
 def _trace_headers(request: Request) -> dict[str, str]:

@@ -34,11 +34,13 @@ async def read_json(gateway: Gateway, request: Request) -> tuple[bytes, Any]:
 
 
 def unknown_model(gateway: Gateway, model: str | None) -> Response | None:
-    """The 404 for a request naming a model this gateway does not serve (None: it may go on)."""
-    if model is None or model == gateway.model_name:
+    """The 404 for a request naming a model this gateway does not serve, neither its base model
+    nor one of the LoRA adapters its workers serve (None: it may go on)."""
+    if model is None or model == gateway.model_name or model in gateway.lora_adapters:
         return None
-    return error_response(404, f"The model `{model}` does not exist; this server serves "
-                               f"`{gateway.model_name}`", "model_not_found", param="model")
+    served = ", ".join(f"`{m}`" for m in [gateway.model_name, *sorted(gateway.lora_adapters)])
+    return error_response(404, f"The model `{model}` does not exist; this server serves {served}",
+                          "model_not_found", param="model")
 
 
 async def in_pool(gateway: Gateway, work: Callable[[], T]) -> T:

@@ -1,5 +1,6 @@
-"""GET /v1/models and GET /v1/models/{model_id}: the one model this gateway serves, as vLLM's
-model cards (the checkpoint as `root`, `parent` None for a base model)."""
+"""GET /v1/models and GET /v1/models/{model_id}: the model this gateway serves and the LoRA
+adapters its workers serve, as vLLM's model cards (the checkpoint as `root`, `parent` None for the
+base model and the base model's name for an adapter)."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,17 +16,21 @@ from baton.services.openai.models import ModelCard, ModelList, model_card
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    def card() -> dict[str, Any]:
-        # read at each request: the workers' limit and name may arrive after start
-        return model_card(gateway.model_name, str(gateway.config.model), gateway.max_model_len)
+    def card(model_id: str | None = None) -> dict[str, Any]:
+        # read at each request: the workers' limit, name and adapters may arrive after start
+        base = gateway.model_name
+        if model_id is None or model_id == base:
+            return model_card(base, str(gateway.config.model), gateway.max_model_len)
+        return model_card(model_id, model_id, gateway.max_model_len, parent=base)
 
     @router.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card()]}
+        return {"object": "list",
+                "data": [card(), *(card(name) for name in sorted(gateway.lora_adapters))]}
 
     # `:path`: served names may hold a slash (org/name), as Hugging Face ids do
     @router.get("/v1/models/{model_id:path}", response_model=ModelCard)
     async def model(model_id: str) -> Response:
-        return unknown_model(gateway, model_id) or JSONResponse(card())
+        return unknown_model(gateway, model_id) or JSONResponse(card(model_id))
 
     return router

@@ -25,6 +25,7 @@ class SchedulingRequest:
     priority: int = 0
     # where the request's affinity key (prompt_cache_key) last went (services/router/affinity_keys)
     affinity_workers: frozenset[str] = frozenset()
+    lora_name: str | None = None  # the request's LoRA adapter; None: the base model
 
     def cached_tokens(self, worker_id: str) -> int:
         return min(self.prompt_tokens, self.cached_blocks.get(worker_id, 0) * self.block_size)

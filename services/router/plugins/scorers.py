@@ -100,3 +100,22 @@ class InFlightRequestsScorer(_LoadScorer):
 
     def _fresh_score(self, worker: WorkerState) -> float:
         return 1.0 - worker.inflight_requests() / self.saturation_requests
+
+
+@register_scorer
+class LoRAAffinityScorer(Scorer):
+    """For a request under a LoRA adapter: 1 where the worker has the adapter in a device slot (it
+    runs at once), 0.5 where the worker serves it but would load it first (maybe evicting another
+    adapter), 0 where it does not serve it. A base-model request scores 1 everywhere, so it changes
+    no choice. As llm-d's and AIBrix's adapter-aware routing."""
+    name = "lora_affinity"
+
+    def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
+        if request.lora_name is None:
+            return 1.0
+        report = worker.report
+        if report is None:
+            return 0.0
+        if request.lora_name in report.loaded_loras:
+            return 1.0
+        return 0.5 if request.lora_name in report.lora_adapters else 0.0
