@@ -51,6 +51,18 @@ class EngineConfig(BatonSettings):
     grammar_cache_size: int = Field(
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, json_schema_extra={"flag_aliases": ["-tp"]},
+        description="Ranks the model is sharded over (Megatron-style), one process per rank; on "
+                    "GPU one GPU each")
+    distributed_executor_backend: Literal["mp", "ray"] = Field(
+        "mp",
+        description="How ranks other than 0 start: mp, processes on this node; ray, actors in a "
+                    "placement group of the Ray cluster this process joins (multi-node)")
+    distributed_timeout_seconds: float = Field(
+        30.0, gt=0,
+        description="Longest a tensor-parallel collective may wait before the worker gives up (a "
+                    "hung rank); a rank that dies is noticed at once")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "

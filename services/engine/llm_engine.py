@@ -262,6 +262,13 @@ class LLMEngine:
         """Every block hash the prefix cache can hit now (engine thread only)."""
         return list(self.blocks.cached)
 
+    def close(self) -> None:
+        """Stops the engine's other tensor-parallel ranks, if any (they also stop when this
+        process exits)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
