@@ -25,7 +25,7 @@ from pathlib import Path
 
 from baton.services.cli.serve_config import ServeSettings, add_arguments, resolve
 from baton.services.cli.serve_preflight import (check_command, check_keys_file, check_model,
-                                                check_port)
+                                                check_port, check_tensor_parallel)
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 from baton.services.common.settings import settings_to_flags
 from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
@@ -86,9 +86,10 @@ def plan_workers(settings: ServeSettings, model: str, name: str) -> list[Planned
     worker_roles = roles(settings)
     shares = memory_shares(worker_roles, engine.gpu_memory_utilization,
                            settings.serve.prefill_memory_share)
-    # One core each where there are enough; torch's default (all cores per process) would
-    # oversubscribe.
-    threads = engine.num_threads or max(1, (os.cpu_count() or 1) // len(worker_roles))
+    # One core per process (each tensor-parallel rank is one) where there are enough; torch's
+    # default (all cores per process) would oversubscribe.
+    threads = engine.num_threads or max(
+        1, (os.cpu_count() or 1) // (len(worker_roles) * engine.tensor_parallel_size))
     given = settings_to_flags(engine, [n for n in EngineConfig.model_fields if n not in PER_WORKER])
     planned = []
     for i, (role, share) in enumerate(zip(worker_roles, shares)):
@@ -169,6 +170,7 @@ def _prepare(args: argparse.Namespace) -> tuple[ServeSettings, str, str, list[Pl
     check_keys_file(settings.gateway.api_keys_file, settings.auth)
     check_port(settings.gateway.host, settings.gateway.port)
     model, name = _model_and_name(settings)
+    check_tensor_parallel(model, settings.engine.tensor_parallel_size, settings.serve.mode)
     workers = plan_workers(settings, model, name)
     check_commands(settings, workers, model, name)
     return settings, model, name, workers
