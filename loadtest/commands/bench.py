@@ -21,7 +21,8 @@ from baton.loadtest.traces import TRACE_FILES, TRACES_DIR_ENV
 from baton.loadtest.workloads import (Request, random_workload, shared_prefix_workload, summarize,
                                       trace_workload)
 from baton.services.checkpoints.tiny_model import embedded_model_path
-from baton.loadtest.commands import bench_decode_step, bench_isolation, bench_overload
+from baton.loadtest.commands import (bench_decode_step, bench_isolation, bench_overload,
+                                      bench_tp)
 from baton.loadtest.commands.bench_gateway import register as register_gateway
 from baton.loadtest.commands.bench_kv_transfer import register as register_kv_transfer
 from baton.loadtest.commands.bench_router import register as register_router
@@ -49,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_isolation.register(kinds)
     bench_decode_step.register(kinds)
     bench_overload.register(kinds)
+    bench_tp.register(kinds)
 
 
 def register_throughput(kinds: argparse._SubParsersAction) -> None:

@@ -52,6 +52,7 @@ class RankSpec:
     local_rank: int  # the device index on the rank's node
     max_model_len: int
     kv_blocks_wanted: int | None
+    log_level: int = logging.INFO  # rank 0's
 
     @property
     def init_method(self) -> str:
@@ -76,7 +77,8 @@ class Executor:
         self._server = channel.listen(self.host)
         self.spec = RankSpec(0, self.size, self.host, self._server.getsockname()[1],
                              free_port(self.host), engine, model_dir, dtype, device.type, 0,
-                             max_model_len, kv_blocks_wanted)
+                             max_model_len, kv_blocks_wanted,
+                             logging.getLogger().getEffectiveLevel())
         self.conns: list[socket.socket] = []
         self._closing = False
 

@@ -45,7 +45,7 @@ def serve(spec: RankSpec) -> None:
 def main(spec: RankSpec) -> None:
     """A spawned rank's entry point (executor.MultiprocExecutor): exits 0 when told to stop, 1 on
     any failure."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=spec.log_level, stream=sys.stderr,
                         format=f"%(asctime)s tp-rank-{spec.rank} %(levelname)s %(name)s: "
                                "%(message)s")
     try:

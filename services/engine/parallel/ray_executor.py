@@ -21,7 +21,7 @@ PLACEMENT_TIMEOUT_S = 120.0
 class _RankActor:
     def run(self, spec: RankSpec) -> None:
         from baton.services.engine.parallel.rank_worker import serve
-        logging.basicConfig(level=logging.INFO)
+        logging.basicConfig(level=spec.log_level)
         serve(spec)
 
 

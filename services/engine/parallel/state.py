@@ -8,6 +8,9 @@ then a no-op, so TP=1 runs exactly the single-process arithmetic.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,6 +19,27 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectiveClock:
+    """Wall time this process spent in the model's collectives (waiting for the slowest rank
+    included), for `baton bench tp`. On GPU it counts only the launches, NCCL being
+    asynchronous."""
+    seconds: float = 0.0
+    calls: int = 0
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.calls += 1
+
+
+COLLECTIVES = CollectiveClock()
 
 
 @dataclass(frozen=True)
@@ -30,7 +54,8 @@ class TPGroup:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sums x over the ranks, in place."""
         if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+            with COLLECTIVES.timed():
+                dist.all_reduce(x, group=self.group)
         return x
 
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -40,7 +65,8 @@ class TPGroup:
             return x
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(x, parts, dst=0, group=self.group)
+        with COLLECTIVES.timed():
+            dist.gather(x, parts, dst=0, group=self.group)
         return torch.cat(parts, dim=-1) if parts is not None else None
 
     def min_int(self, value: int) -> int:
