@@ -1,5 +1,5 @@
-"""`baton bench tp`: prefill and decode step time, tokens/s and the collectives' share of the step at
-each tensor-parallel size (default 1, 2, 4), side by side in one run."""
+"""`baton bench tp`: prefill and decode step time, tokens/s and the collectives' share of the step
+at each tensor-parallel size (default 1, 2, 4), side by side in one run."""
 from __future__ import annotations
 
 import argparse

@@ -59,6 +59,14 @@ class RankSpec:
         return f"tcp://{self.host}:{self.dist_port}"
 
 
+def set_cpu_threads(engine: EngineConfig, device_type: str) -> None:
+    """On a CPU, num_threads or else an equal share of the cores per rank: torch's default of
+    every core in every rank's process would oversubscribe them N times."""
+    if device_type == "cpu":
+        torch.set_num_threads(engine.num_threads or
+                              max(1, (os.cpu_count() or 1) // engine.tensor_parallel_size))
+
+
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -192,6 +200,7 @@ def start_executor(engine: EngineConfig, model_dir: str, dtype: torch.dtype,
         cls: type[Executor] = RayExecutor
     else:
         cls = MultiprocExecutor
+    set_cpu_threads(engine, device.type)
     executor = cls(engine, model_dir, dtype, device, max_model_len, kv_blocks_wanted)
     try:
         executor.start(device)

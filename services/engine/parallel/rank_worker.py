@@ -10,7 +10,7 @@ import torch
 
 from baton.services.common.model_config import load_config
 from baton.services.engine.parallel import channel
-from baton.services.engine.parallel.executor import RankSpec
+from baton.services.engine.parallel.executor import RankSpec, set_cpu_threads
 from baton.services.engine.parallel.state import destroy_tp, init_tp
 from baton.services.engine.parallel.step_sync import StepDecoder
 
@@ -25,8 +25,7 @@ def _device(spec: RankSpec) -> torch.device:
 def serve(spec: RankSpec) -> None:
     """Runs rank spec.rank until rank 0 says stop; raises ChannelClosed when rank 0 is gone."""
     from baton.services.engine.model_runner import ModelRunner
-    if spec.engine.num_threads is not None:
-        torch.set_num_threads(spec.engine.num_threads)
+    set_cpu_threads(spec.engine, spec.device_type)
     conn = channel.connect(spec.host, spec.channel_port, spec.rank, timeout_s=60)
     device = _device(spec)
     init_tp(spec.rank, spec.size, spec.init_method, device,
