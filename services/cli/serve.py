@@ -127,6 +127,9 @@ def check_commands(settings: ServeSettings, workers: list[Planned], model: str, 
     check_command("gateway", gateway_args(settings, model, name, "127.0.0.1:1")[1:])
 
 
+WORKER_READY_S = 120.0
+
+
 def start_stack(settings: ServeSettings, model: str, name: str, started: list[ServiceProcess],
                 workers: list[Planned] | None = None) -> ServiceProcess:
     """Starts every service in dependency order, each put at the front of `started` (the order to
@@ -135,7 +138,9 @@ def start_stack(settings: ServeSettings, model: str, name: str, started: list[Se
     for planned in workers or plan_workers(settings, model, name):
         launched.append(launch_service(planned.name, planned.args))
         started.insert(0, launched[-1])
-    addresses = [w.wait_ready().address for w in launched]
+    # Each tensor-parallel rank is one more process starting on the same cores.
+    ready_s = WORKER_READY_S * settings.engine.tensor_parallel_size
+    addresses = [w.wait_ready(ready_s).address for w in launched]
     router = launch_service("router", router_args(settings, name, addresses))
     started.insert(0, router)
     router.wait_ready()

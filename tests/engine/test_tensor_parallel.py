@@ -154,3 +154,16 @@ def test_bad_tensor_parallel_settings_fail_in_one_line(tiny_model_dirs, tmp_path
         main(["worker", "--role", "prefill", "--model", qwen3, "-tp", "2"])
     assert main(["serve", qwen3, "--tensor-parallel-size", "2"]) == 2
     assert "takes --mode colocated" in caplog.text
+
+
+def test_bench_tp_prints_both_sizes_and_times_the_collectives(tiny_model_dirs, tmp_path, capsys):
+    out = tmp_path / "tp.json"
+    assert main(["bench", "tp", "--model", str(tiny_model_dirs["llama"]), "--sizes", "1,2",
+                 "--batch-sizes", "2", "--context", "16", "--prefill-tokens", "16", "--steps", "2",
+                 "--warmup", "0", "--output-json", str(out), *FLAGS]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["tp"], r["phase"]) for r in rows] == [(1, "prefill"), (1, "decode"),
+                                                      (2, "prefill"), (2, "decode")]
+    assert all(r["collective_share"] == 0 for r in rows if r["tp"] == 1)
+    assert all(0 < r["collective_share"] < 1 for r in rows if r["tp"] == 2)
+    assert "collectives" in capsys.readouterr().out
