@@ -60,9 +60,10 @@ class EngineConfig(BatonSettings):
         description="How ranks other than 0 start: mp, processes on this node; ray, actors in a "
                     "placement group of the Ray cluster this process joins (multi-node)")
     distributed_timeout_seconds: float = Field(
-        30.0, gt=0,
-        description="Longest a tensor-parallel collective may wait before the worker gives up (a "
-                    "hung rank); a rank that dies is noticed at once")
+        300.0, gt=0,
+        description="Longest a tensor-parallel collective may wait before the worker gives up: "
+                    "the backstop for a hung rank (a rank that dies is noticed at once); generous, "
+                    "since a starved CPU or a first CUDA step may stall a rank for long")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
