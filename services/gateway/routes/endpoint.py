@@ -79,7 +79,13 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
     tenant = gateway.keys.tenant_for(request.headers.get("authorization")) if gateway.keys else \
         gateway.default_tenant()
     raw = await read_body(request, config.max_request_body_bytes)
-    oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth))
+    oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth),
+                        config.strict_request_fields)
+    if oai.ignored_fields:
+        log.warning("%s: the request's fields %s are not defined by this API and were ignored",
+                    endpoint.url, ", ".join(sorted(oai.ignored_fields)))
+    if oai.return_tokens_as_token_ids is None:
+        oai.return_tokens_as_token_ids = config.return_tokens_as_token_ids
     if oai.model is not None and oai.model != gateway.model_name:
         return error_response(404, f"The model `{oai.model}` does not exist; this server serves "
                                    f"`{gateway.model_name}`", "model_not_found", param="model")
@@ -89,11 +95,12 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
         partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
                 config.max_logprobs, gateway.vocab_size))
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
-                          len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
+                          inp.prompt_tokens + inp.params.max_tokens * inp.choices)
     api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
                      _trace_headers(request))
-    log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
-              len(inp.prompt_token_ids), inp.n, tenant.name, priority)
+    log.debug("request %s: %d prompt tokens, %d choices, tenant %s, end user %s, priority %d",
+              api.response_id, inp.prompt_tokens, inp.choices, tenant.name, oai.end_user(),
+              priority)
     if oai.stream:
         # Placement errors become HTTP statuses before the stream opens; a client that leaves
         # before the first token (a long prefill, a queue) takes the request with it.
