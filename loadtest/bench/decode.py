@@ -76,7 +76,7 @@ class DecodeStepRow:
     tokens_per_s: float
 
 
-def _join(engine: LLMEngine, tag: str, batch: int, context: int, max_tokens: int,
+def join_prefilled(engine: LLMEngine, tag: str, batch: int, context: int, max_tokens: int,
           rng: random.Random) -> list[str]:
     """batch sequences whose first `context` tokens are already in the cache, each with one token to
     decode."""
@@ -108,7 +108,7 @@ def measure(engine: LLMEngine, batch: int, context: int, steps: int, warmup: int
     """Times `steps` pure decode steps of `batch` sequences at about `context` tokens, after
     `warmup` steps."""
     rng = random.Random(seed + batch * 7919 + context)
-    ids = _join(engine, f"ds-{batch}-{context}", batch, context, warmup + steps + 2, rng)
+    ids = join_prefilled(engine, f"ds-{batch}-{context}", batch, context, warmup + steps + 2, rng)
     times = []
     try:
         for i in range(warmup + steps):

@@ -22,7 +22,7 @@ from baton.loadtest.workloads import (Request, random_workload, shared_prefix_wo
                                       trace_workload)
 from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.loadtest.commands import (bench_decode_step, bench_isolation, bench_kv_tiers,
-                                     bench_lora, bench_overload, bench_spec)
+                                     bench_lora, bench_overload, bench_spec, bench_tp)
 from baton.loadtest.commands.bench_gateway import register as register_gateway
 from baton.loadtest.commands.bench_kv_transfer import register as register_kv_transfer
 from baton.loadtest.commands.bench_router import register as register_router
@@ -53,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_kv_tiers.register(kinds)
     bench_lora.register(kinds)
     bench_spec.register(kinds)
+    bench_tp.register(kinds)
 
 
 def register_throughput(kinds: argparse._SubParsersAction) -> None:

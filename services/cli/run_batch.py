@@ -16,6 +16,7 @@ from typing import Any
 from baton.services.cli.engine_runner import sim_runner_for
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.parallel.sharding import ShardingError
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.offline import run_requests
 from baton.services.openai.errors import ProtocolError
@@ -94,8 +95,15 @@ def run(args: argparse.Namespace) -> int:
             results.append(None)  # filled from the engine's results below
             requests.append(parsed)
     engine_config = settings_from_args(EngineConfig, args)
-    engine = LLMEngine(engine_config, sim_runner=sim_runner_for(engine_config))
-    served = iter(run_requests(engine, requests))
+    try:
+        engine = LLMEngine(engine_config, sim_runner=sim_runner_for(engine_config))
+    except ShardingError as e:
+        print(f"baton run-batch: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        served = iter(run_requests(engine, requests))
+    finally:
+        engine.close()
     results = [next(served) if r is None else r for r in results]
     with open(args.output_file, "w", encoding="utf-8") as out:
         for custom_id, result in zip(custom_ids, results):

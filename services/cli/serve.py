@@ -25,7 +25,7 @@ from pathlib import Path
 
 from baton.services.cli.serve_config import ServeSettings, add_arguments, resolve
 from baton.services.cli.serve_preflight import (check_command, check_keys_file, check_model,
-                                                check_port)
+                                                check_port, check_tensor_parallel)
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 from baton.services.common.settings import settings_to_flags
 from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
@@ -86,9 +86,10 @@ def plan_workers(settings: ServeSettings, model: str, name: str) -> list[Planned
     worker_roles = roles(settings)
     shares = memory_shares(worker_roles, engine.gpu_memory_utilization,
                            settings.serve.prefill_memory_share)
-    # One core each where there are enough; torch's default (all cores per process) would
-    # oversubscribe.
-    threads = engine.num_threads or max(1, (os.cpu_count() or 1) // len(worker_roles))
+    # One core per process (each tensor-parallel rank is one) where there are enough; torch's
+    # default (all cores per process) would oversubscribe.
+    threads = engine.num_threads or max(
+        1, (os.cpu_count() or 1) // (len(worker_roles) * engine.tensor_parallel_size))
     given = settings_to_flags(engine, [n for n in EngineConfig.model_fields if n not in PER_WORKER])
     planned = []
     for i, (role, share) in enumerate(zip(worker_roles, shares)):
@@ -126,6 +127,9 @@ def check_commands(settings: ServeSettings, workers: list[Planned], model: str, 
     check_command("gateway", gateway_args(settings, model, name, "127.0.0.1:1")[1:])
 
 
+WORKER_READY_S = 120.0
+
+
 def start_stack(settings: ServeSettings, model: str, name: str, started: list[ServiceProcess],
                 workers: list[Planned] | None = None) -> ServiceProcess:
     """Starts every service in dependency order, each put at the front of `started` (the order to
@@ -134,7 +138,9 @@ def start_stack(settings: ServeSettings, model: str, name: str, started: list[Se
     for planned in workers or plan_workers(settings, model, name):
         launched.append(launch_service(planned.name, planned.args))
         started.insert(0, launched[-1])
-    addresses = [w.wait_ready().address for w in launched]
+    # Each tensor-parallel rank is one more process starting on the same cores.
+    ready_s = WORKER_READY_S * settings.engine.tensor_parallel_size
+    addresses = [w.wait_ready(ready_s).address for w in launched]
     router = launch_service("router", router_args(settings, name, addresses))
     started.insert(0, router)
     router.wait_ready()
@@ -169,6 +175,7 @@ def _prepare(args: argparse.Namespace) -> tuple[ServeSettings, str, str, list[Pl
     check_keys_file(settings.gateway.api_keys_file, settings.auth)
     check_port(settings.gateway.host, settings.gateway.port)
     model, name = _model_and_name(settings)
+    check_tensor_parallel(model, settings.engine.tensor_parallel_size, settings.serve.mode)
     workers = plan_workers(settings, model, name)
     check_commands(settings, workers, model, name)
     return settings, model, name, workers

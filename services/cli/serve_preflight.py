@@ -73,3 +73,16 @@ def check_command(command: str, argv: list[str]) -> None:
             settings_from_args(settings_class(path), args)
         except ValidationError as e:
             raise ValueError(f"baton {command}: {describe_error(e)}") from None
+
+
+def check_tensor_parallel(model: str, size: int, mode: str) -> None:
+    """Tensor parallelism is colocated-only for now (the KV hand-off moves one rank's cache), and
+    the model must split over the ranks: each is a one-line ValueError before anything starts."""
+    if size == 1:
+        return
+    if mode != "colocated":
+        raise ValueError(f"--tensor-parallel-size {size} takes --mode colocated for now: the KV "
+                         "hand-off between prefill and decode workers moves one rank's cache")
+    from baton.services.common.model_config import load_config
+    from baton.services.engine.parallel.sharding import check_splits
+    check_splits(load_config(Path(model)), size)

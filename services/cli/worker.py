@@ -25,6 +25,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from baton.services.worker.server import serve  # heavy imports only when the command runs
 
+    from baton.services.engine.parallel.sharding import ShardingError
+
     engine_config = settings_from_args(EngineConfig, args)
-    return asyncio.run(serve(settings_from_args(WorkerConfig, args), engine_config,
-                             sim_runner_for(engine_config)))
+    worker_config = settings_from_args(WorkerConfig, args)
+    if engine_config.tensor_parallel_size > 1 and worker_config.role != "mixed":
+        # The KV hand-off moves one cache; per-rank descriptors are not built yet.
+        raise SystemExit(f"baton worker: --role {worker_config.role} does not take "
+                         "--tensor-parallel-size > 1 yet (the KV hand-off moves one rank's cache); "
+                         "use --role mixed")
+    try:
+        return asyncio.run(serve(worker_config, engine_config, sim_runner_for(engine_config)))
+    except ShardingError as e:
+        raise SystemExit(f"baton worker: {e}") from None

@@ -44,6 +44,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
         if name in exclude:
             continue
         kind = _scalar_type(field.annotation)
+        # Extra spellings another tool's users know (vLLM's -tp).
+        aliases = (field.json_schema_extra or {}).get("flag_aliases", [])
         help_text = f"{field.description or ''} [default: {field.default!r}]"
         if kind is bool:
             group.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
@@ -56,8 +58,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
         # string its field validator parses.
         is_list = typing.get_origin(kind) is list and typing.get_args(kind)[0] in (str, int, float)
         group.add_argument(
-            _flag(name), dest=name, default=argparse.SUPPRESS, help=help_text, choices=choices,
-            nargs="+" if is_list else None,
+            _flag(name), *aliases, dest=name, default=argparse.SUPPRESS, help=help_text,
+            choices=choices, nargs="+" if is_list else None,
             type=typing.get_args(kind)[0] if is_list else kind if kind in (int, float) else str)
 
 

@@ -87,6 +87,19 @@ class EngineConfig(BatonSettings):
                     "num_speculative_tokens (1-16), prompt_lookup_min/max and "
                     "disable_by_batch_size (a step with more sequences does not speculate); "
                     "other methods and keys are refused")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, json_schema_extra={"flag_aliases": ["-tp"]},
+        description="Ranks the model is sharded over (Megatron-style), one process per rank; on "
+                    "GPU one GPU each")
+    distributed_executor_backend: Literal["mp", "ray"] = Field(
+        "mp",
+        description="How ranks other than 0 start: mp, processes on this node; ray, actors in a "
+                    "placement group of the Ray cluster this process joins (multi-node)")
+    distributed_timeout_seconds: float = Field(
+        300.0, gt=0,
+        description="Longest a tensor-parallel collective may wait before the worker gives up: "
+                    "the backstop for a hung rank (a rank that dies is noticed at once); generous, "
+                    "since a starved CPU or a first CUDA step may stall a rank for long")
     engine: Literal["model", "sim"] = Field(
         "model",
         description="model: run the checkpoint; sim: a timing model stands in for the forward pass "
@@ -115,6 +128,19 @@ class EngineConfig(BatonSettings):
                              "enable_prefix_caching")
         if self.preemption_mode == "swap" and self.kv_offload_host_gib == 0:
             raise ValueError("preemption_mode swap needs a host tier: set kv_offload_host_gib")
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_supports(self) -> EngineConfig:
+        # Each of these moves or computes KV or weights on rank 0 alone today; at TP>1 the other
+        # ranks would not follow, so they are refused rather than wrong.
+        if self.tensor_parallel_size > 1:
+            for wanted, what in ((self.lora_modules or self.enable_lora, "LoRA adapters"),
+                                 (self.speculative_config, "--speculative-config"),
+                                 (self.kv_offload_host_gib > 0, "KV tiers (--kv-offload-*)")):
+                if wanted:
+                    raise ValueError(f"{what} with --tensor-parallel-size > 1 are not supported "
+                                     "yet")
         return self
 
     @model_validator(mode="after")

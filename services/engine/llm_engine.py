@@ -317,9 +317,13 @@ class LLMEngine:
         return list(self.blocks.cached)
 
     def close(self) -> None:
-        """Stops the KV tiers' copy worker (the engine serves no more)."""
+        """Stops the KV tiers' copy worker and the engine's other tensor-parallel ranks, if any
+        (those also stop when this process exits)."""
         if self.tiers is not None:
             self.tiers.close()
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -18,7 +18,11 @@ from baton.services.engine.layers.attention import (Attention, AttentionMetadata
                                                     plan_torch)
 from baton.services.engine.lora.weights import LoRAState, attach
 from baton.services.engine.models.loader import load_model
-from baton.services.engine.prompt_logprobs import score_prompts
+from baton.services.engine.parallel.executor import Executor, start_executor
+from baton.services.engine.parallel.sharding import check_splits, local_kv_heads
+from baton.services.engine.parallel.state import get_tp_group
+from baton.services.engine.parallel.step_sync import MirrorItem, StepEncoder
+from baton.services.engine.prompt_logprobs import score_prompts, scoring_plan
 from baton.services.engine.scheduler import ScheduledSeq
 
 log = logging.getLogger(__name__)
@@ -34,15 +38,39 @@ def _block_table(tables: list[list[int]]) -> torch.Tensor:
 
 
 class ModelRunner:
+    """The model and its KV cache on this process's device. Under tensor parallelism (rank 0, the
+    engine's process) it starts the other ranks first and sends them each step's inputs; the
+    other ranks build theirs with follower=True and run execute_follower."""
 
     def __init__(self, engine: EngineConfig, config: PretrainedConfig, model_dir: Path,
                  dtype: torch.dtype, device: torch.device, max_model_len: int,
-                 kv_blocks_wanted: int | None = None) -> None:
+                 kv_blocks_wanted: int | None = None, follower: bool = False) -> None:
         self.device = device
         self.block_size = engine.block_size
         backend = engine.attention_backend
         if backend == "auto":
             backend = "triton" if device.type == "cuda" else "torch"
+        self.executor: Executor | None = None
+        self.encoder: StepEncoder | None = None
+        tp_size = engine.tensor_parallel_size
+        check_splits(config, tp_size)
+        if tp_size > 1 and not follower:
+            if device.type == "cuda":
+                device = self.device = _rank0_device(tp_size, engine)
+            self.executor = start_executor(engine, str(model_dir), dtype, device, max_model_len,
+                                           kv_blocks_wanted)
+            self.encoder = StepEncoder()
+        try:
+            self._build(engine, config, model_dir, dtype, max_model_len, kv_blocks_wanted, backend)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, engine: EngineConfig, config: PretrainedConfig, model_dir: Path,
+               dtype: torch.dtype, max_model_len: int, kv_blocks_wanted: int | None,
+               backend: str) -> None:
+        device, tp = self.device, get_tp_group()
+        kv_heads = local_kv_heads(config, tp.size)
         # Weights first, so that the cache budget on a GPU is what they leave.
         self.attention = Attention(head_dim(config) ** -0.5, backend, engine.block_size)
         self.model = load_model(model_dir, config, self.attention, dtype, device, max_model_len)
@@ -50,14 +78,22 @@ class ModelRunner:
         self.lora: LoRAState | None = None
         if engine.enable_lora:
             self.lora = attach(self.model, engine.max_loras, engine.max_lora_rank, dtype, device)
-        self.num_blocks = kv_cache.num_blocks(engine, config, dtype, device, max_model_len,
-                                              kv_blocks_wanted)
+        # Every rank's cache has the same blocks (rank 0 allocates for all): the fewest any fits.
+        self.num_blocks = tp.min_int(kv_cache.num_blocks(engine, config, dtype, device,
+                                                         max_model_len, kv_blocks_wanted, kv_heads))
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size,
-                                                    dtype, device)
-        self.block_bytes = kv_cache.block_bytes(config, engine.block_size,
-                                                dtype) // config.num_hidden_layers
+                                                    dtype, device, kv_heads)
+        self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype,
+                                                kv_heads) // config.num_hidden_layers
+        # Bytes of weights each rank holds, rank order (what item 3 of issue 26 bounds).
+        self.rank_weight_bytes: list[int] = tp.all_gather_object(weight_bytes(self.model))
+        if tp.size > 1:
+            log.info("tensor-parallel rank %d of %d: %d bytes of weights, %d KV blocks of %d "
+                     "heads", tp.rank, tp.size, self.rank_weight_bytes[tp.rank], self.num_blocks,
+                     kv_heads)
         self.graphs: DecodeGraphs | None = None
-        if bucketed_decode(device, backend):
+        # The NCCL all-reduces are not captured in the decode graphs yet: TP runs eagerly.
+        if bucketed_decode(device, backend) and tp.size == 1:
             max_blocks = -(-max_model_len // engine.block_size)
             self.graphs = DecodeGraphs(self.model,
                                        min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
@@ -66,6 +102,12 @@ class ModelRunner:
                 self.graphs.use_eager()
             else:
                 self.graphs.capture()
+
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks, if any."""
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
 
     @property
     def kv_cache(self) -> torch.Tensor:
@@ -94,12 +136,26 @@ class ModelRunner:
         # (paged, causal within the chunk) is the multi-query attention that verifies it.
         packed = [s for s in scheduled if s.num_positions > 1
                   ] + [s for s in scheduled if s.num_positions == 1]
+        plan = scoring_plan(packed) if any(s.seq.wants_prompt_logprobs for s in packed) else []
+        if self.executor is not None:
+            rows = [(row, row + stop - start) for _, start, stop, row in plan]
+            self.executor.send(self.encoder.encode(packed, rows))
         ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
-        if any(s.seq.wants_prompt_logprobs for s in packed):
-            score_prompts(packed, hidden, self.model.compute_logits)
+        if plan:
+            score_prompts(packed, hidden, self.model.compute_logits, plan)
         keep = [i for i, s in enumerate(packed) if s.samples]
         return [packed[i] for i in keep], self.model.compute_logits(hidden[sample_rows])
+
+    @torch.inference_mode()
+    def execute_follower(self, packed: list[MirrorItem], score_rows: list[tuple[int, int]]) -> None:
+        """A rank other than 0: the same forward pass and lm_head calls as rank 0's execute, whose
+        logits only rank 0 receives."""
+        ids, positions, meta, sample_rows = self._prepare(packed)
+        hidden = self.model(ids, positions, meta)
+        for start, stop in score_rows:
+            self.model.compute_logits(hidden[start:stop])
+        self.model.compute_logits(hidden[sample_rows])
 
     def _prepare(
         self, packed: list[ScheduledSeq]
@@ -165,6 +221,19 @@ def _sample_rows(packed: list[ScheduledSeq], ends: torch.Tensor) -> torch.Tensor
     stops = ends.tolist()
     return torch.tensor([row for s, stop in zip(packed, stops) if s.samples
                          for row in range(stop - 1 - len(s.draft), stop)], dtype=torch.int64)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _rank0_device(tp_size: int, engine: EngineConfig) -> torch.device:
+    """cuda:0, after checking this node has a GPU for every rank that runs on it."""
+    visible = torch.cuda.device_count()
+    if engine.distributed_executor_backend == "mp" and tp_size > visible:
+        raise ValueError(f"--tensor-parallel-size {tp_size} needs {tp_size} GPUs, but {visible} "
+                         "are visible (use --distributed-executor-backend ray across nodes)")
+    return torch.device("cuda", 0)
 
 
 def bucketed_decode(device: torch.device, backend: str) -> bool:

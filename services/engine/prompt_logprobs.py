@@ -42,21 +42,29 @@ def _score(logprobs: torch.Tensor, targets: torch.Tensor, k: int) -> list[TokenL
     return result
 
 
-def score_prompts(packed: list[ScheduledSeq], hidden: torch.Tensor,
-                  compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Appends to each asking sequence's `prompt_logprobs` the entries this step's hidden states
-    give.
-    packed: the step's items in the order their tokens sit in hidden."""
-    offset = 0
-    for item in packed:
+def scoring_plan(packed: list[ScheduledSeq]) -> list[tuple[int, int, int, int]]:
+    """Each lm_head call prompt scoring makes this step: (item index, first position, end position,
+    first hidden row). packed: the step's items in the order their tokens sit in hidden."""
+    plan, offset = [], 0
+    for i, item in enumerate(packed):
         seq = item.seq
         if seq.prompt_logprobs is not None:
             positions = _pending_positions(item)
             first = seq.num_computed_tokens
             for start in range(positions.start, positions.stop, ROWS_PER_SLICE):
                 stop = min(start + ROWS_PER_SLICE, positions.stop)
-                rows = hidden[offset + start - first:offset + stop - first]
-                logprobs = compute_logits(rows).log_softmax(dim=1)
-                targets = torch.tensor(seq.token_ids[start + 1:stop + 1], device=logprobs.device)
-                seq.prompt_logprobs += _score(logprobs, targets, seq.params.prompt_logprobs)
+                plan.append((i, start, stop, offset + start - first))
         offset += item.num_positions
+    return plan
+
+
+def score_prompts(packed: list[ScheduledSeq], hidden: torch.Tensor,
+                  compute_logits: Callable[[torch.Tensor], torch.Tensor],
+                  plan: list[tuple[int, int, int, int]] | None = None) -> None:
+    """Appends to each asking sequence's `prompt_logprobs` the entries this step's hidden states
+    give, following `plan` (default: scoring_plan(packed))."""
+    for i, start, stop, row in scoring_plan(packed) if plan is None else plan:
+        seq = packed[i].seq
+        logprobs = compute_logits(hidden[row:row + stop - start]).log_softmax(dim=1)
+        targets = torch.tensor(seq.token_ids[start + 1:stop + 1], device=logprobs.device)
+        seq.prompt_logprobs += _score(logprobs, targets, seq.params.prompt_logprobs)

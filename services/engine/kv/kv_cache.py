@@ -41,9 +41,12 @@ class MemoryBudget:
     where: str  # how available was worked out, for messages
 
 
-def block_bytes(config: PretrainedConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block across all layers."""
-    per_token = 2 * config.num_key_value_heads * head_dim(config) * (torch.finfo(dtype).bits // 8)
+def block_bytes(config: PretrainedConfig, block_size: int, dtype: torch.dtype,
+                kv_heads: int | None = None) -> int:
+    """Bytes of one block across all layers; kv_heads: those this cache holds (a tensor-parallel
+    rank's), default all of the model's."""
+    kv_heads = config.num_key_value_heads if kv_heads is None else kv_heads
+    per_token = 2 * kv_heads * head_dim(config) * (torch.finfo(dtype).bits // 8)
     return config.num_hidden_layers * block_size * per_token
 
 
@@ -79,12 +82,12 @@ def memory_budget(engine: EngineConfig, config: PretrainedConfig, dtype: torch.d
 
 def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype,
                device: torch.device, max_model_len: int | None = None,
-               wanted: int | None = None) -> int:
+               wanted: int | None = None, kv_heads: int | None = None) -> int:
     """Blocks to allocate; raises KVCacheTooLarge when an explicit size cannot fit.
 
     wanted: without an explicit size, this many blocks (a benchmark sized to its work), capped at
-    what memory allows, with a warning when capped."""
-    per_block = block_bytes(config, engine.block_size, dtype)
+    what memory allows, with a warning when capped. kv_heads: as for block_bytes."""
+    per_block = block_bytes(config, engine.block_size, dtype, kv_heads)
     budget = memory_budget(engine, config, dtype, device)
     if engine.num_kv_blocks is not None:
         blocks, asked = engine.num_kv_blocks, f"num_kv_blocks={engine.num_kv_blocks}"
@@ -131,7 +134,7 @@ def _gib(n: int) -> str:
 
 
 def allocate(config: PretrainedConfig, blocks: int, block_size: int, dtype: torch.dtype,
-             device: torch.device) -> torch.Tensor:
-    shape = (config.num_hidden_layers, blocks, 2, block_size, config.num_key_value_heads,
-             head_dim(config))
+             device: torch.device, kv_heads: int | None = None) -> torch.Tensor:
+    kv_heads = config.num_key_value_heads if kv_heads is None else kv_heads
+    shape = (config.num_hidden_layers, blocks, 2, block_size, kv_heads, head_dim(config))
     return torch.zeros(shape, dtype=dtype, device=device)

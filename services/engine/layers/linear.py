@@ -2,10 +2,11 @@
 
 Every projection a model builds is one of these, named for how tensor parallelism splits it
 (Megatron: column-parallel layers by output rows, row-parallel ones by input columns followed by
-one all-reduce). Until that is built every rank holds whole weights, so the classes differ only in
-how checkpoint tensors stack into them. LinearBase.forward is the one place a shard's all-reduce or
-an adapter's low-rank delta (services/engine/lora/) is added, and weight_loader the one place a
-rank picks its slice.
+one all-reduce). The split is the process's tensor-parallel group's (parallel/state.py), read when
+the layer is built: each layer allocates only its rank's rows or columns and its weight_loader
+reads only that slice of each checkpoint tensor. At TP=1 every layer is the whole projection and
+runs nn.Linear's arithmetic unchanged. LinearBase.forward is where an adapter's low-rank delta
+(services/engine/lora/) is added (LoRA is refused at TP>1 for now: see engine/config.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baton.services.engine.layers.weights import Loadable, copy_checked
+from baton.services.engine.layers.weights import Loadable, copy_checked, copy_shard, shape_of
+from baton.services.engine.parallel.sharding import HeadSplit, even_range
+from baton.services.engine.parallel.state import get_tp_group
 
 if TYPE_CHECKING:
     from baton.services.engine.lora.weights import LayerLoRA
@@ -52,7 +55,26 @@ class LinearBase(nn.Module):
 class RowParallelLinear(LinearBase):
     """A projection whose output joins the residual stream (o_proj, down_proj). Under tensor
     parallelism each rank holds a slice of the input columns, matching the column-parallel
-    layer before it, and the partial outputs are summed by an all-reduce."""
+    layer before it, and the partial outputs are summed by an all-reduce; the bias, replicated,
+    is added once after it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        self.tp = get_tp_group()
+        self.full_in = in_features
+        super().__init__(in_features // self.tp.size, out_features, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Loadable, name: str,
+                      part: int | None = None) -> int:
+        if self.tp.size == 1 or param.dim() == 1:
+            return copy_checked(param, loaded, name)
+        cols = even_range(self.full_in, self.tp.rank, self.tp.size)
+        return copy_shard(param, loaded, name, (param.shape[0], self.full_in), (slice(None), cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x)
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
 
 
 class MergedColumnParallelLinear(LinearBase):
@@ -61,9 +83,14 @@ class MergedColumnParallelLinear(LinearBase):
     rows each small GEMM would run well below bandwidth. Under tensor parallelism each part is
     split by its rows, so a rank's output still holds every part."""
 
-    def __init__(self, in_features: int, part_sizes: list[int], bias: bool) -> None:
-        super().__init__(in_features, sum(part_sizes), bias)
-        self.part_sizes = part_sizes
+    def __init__(self, in_features: int, part_sizes: list[int], bias: bool,
+                 local_sizes: list[int] | None = None) -> None:
+        """part_sizes: each part's rows in the checkpoint; local_sizes: this rank's (default: an
+        even split)."""
+        self.tp = get_tp_group()
+        self.full_sizes = part_sizes
+        self.part_sizes = local_sizes or [n // self.tp.size for n in part_sizes]
+        super().__init__(in_features, sum(self.part_sizes), bias)
 
     def rows(self, part: int | None) -> slice:
         # None: a checkpoint that stores the projection already stacked.
@@ -72,6 +99,30 @@ class MergedColumnParallelLinear(LinearBase):
         start = sum(self.part_sizes[:part])
         return slice(start, start + self.part_sizes[part])
 
+    def part_slice(self, part: int) -> slice:
+        """This rank's rows of checkpoint part `part`."""
+        return even_range(self.full_sizes[part], self.tp.rank, self.tp.size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Loadable, name: str,
+                      part: int | None = None) -> int:
+        if self.tp.size == 1:
+            return copy_checked(param[self.rows(part)], loaded, name)
+        tail = tuple(param.shape[1:])
+        if part is not None:
+            full = (self.full_sizes[part], *tail)
+            return copy_shard(param[self.rows(part)], loaded, name, full, self.part_slice(part))
+        # A stacked checkpoint tensor: this rank's slice of each part, read part by part.
+        full = (sum(self.full_sizes), *tail)
+        if shape_of(loaded) != full:
+            return copy_shard(param, loaded, name, full, slice(None))
+        offset = 0
+        for i, size in enumerate(self.full_sizes):
+            own = self.part_slice(i)
+            index = slice(offset + own.start, offset + own.stop)
+            copy_shard(param[self.rows(i)], loaded, name, full, index)
+            offset += size
+        return param.shape[0]
+
 
 class QKVParallelLinear(MergedColumnParallelLinear):
     """q_proj, k_proj and v_proj as parts 0, 1 and 2, sized by heads: tensor parallelism splits
@@ -79,5 +130,15 @@ class QKVParallelLinear(MergedColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool) -> None:
+        tp = get_tp_group()
+        self.split = HeadSplit.of(num_heads, num_kv_heads, tp.rank, tp.size)
+        self.head_dim = head_dim
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        super().__init__(hidden_size, [q_size, kv_size, kv_size], bias)
+        local_q, local_kv = self.split.num_heads * head_dim, self.split.num_kv_heads * head_dim
+        super().__init__(hidden_size, [q_size, kv_size, kv_size], bias,
+                         [local_q, local_kv, local_kv])
+
+    def part_slice(self, part: int) -> slice:
+        first = self.split.q_start if part == 0 else self.split.kv_start
+        start = first * self.head_dim
+        return slice(start, start + self.part_sizes[part])

@@ -39,3 +39,15 @@ def copy_checked(dst: torch.Tensor, loaded: Loadable, name: str) -> int:
     with torch.no_grad():
         dst.copy_(loaded[:])
     return dst.shape[0]
+
+
+def copy_shard(dst: torch.Tensor, loaded: Loadable, name: str, full_shape: tuple[int, ...],
+               index: Any) -> int:
+    """Copies loaded[index], a tensor-parallel rank's slice of checkpoint tensor `name`, into dst;
+    the checkpoint tensor must have the whole layer's shape, full_shape. Only the slice is read."""
+    if shape_of(loaded) != tuple(full_shape):
+        raise ValueError(f"checkpoint tensor {name} has shape {shape_of(loaded)}; the model "
+                         f"expects {tuple(full_shape)} to split across tensor-parallel ranks")
+    with torch.no_grad():
+        dst.copy_(loaded[index])
+    return dst.shape[0]

@@ -39,13 +39,15 @@ def _has_qkv_bias(config: PretrainedConfig) -> bool:
 class SelfAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int, attention: Attention) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads,
-                                          self.num_kv_heads, bias=_has_qkv_bias(config))
+        heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, heads,
+                                          config.num_key_value_heads, bias=_has_qkv_bias(config))
+        # This rank's heads (all of them at TP=1).
+        self.num_heads = self.qkv_proj.split.num_heads
+        self.num_kv_heads = self.qkv_proj.split.num_kv_heads
         self.o_proj = RowParallelLinear(
-            self.num_heads * self.head_dim, config.hidden_size,
+            heads * self.head_dim, config.hidden_size,
             bias=config.model_type != "qwen2" and bool(getattr(config, "attention_bias", False)))
         if config.model_type == "qwen3":
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -136,5 +138,7 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, self.rope, meta)
         return self.model.norm.add_and_norm(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits; under tensor parallelism on rank 0 only (the others get None)."""
+        logits = self.lm_head(hidden)
+        return None if logits is None else logits.float()

@@ -1,0 +1,61 @@
+"""What a rank other than 0 runs: join the group, load its shard, then run each step rank 0 sends
+until told to stop. It exits when rank 0's channel closes, so a rank never outlives its engine."""
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+
+import torch
+
+from baton.services.common.model_config import load_config
+from baton.services.engine.parallel import channel
+from baton.services.engine.parallel.executor import RankSpec, set_cpu_threads
+from baton.services.engine.parallel.state import destroy_tp, init_tp
+from baton.services.engine.parallel.step_sync import StepDecoder
+
+log = logging.getLogger(__name__)
+
+
+def _device(spec: RankSpec) -> torch.device:
+    return torch.device("cuda", spec.local_rank) if spec.device_type == "cuda" else \
+        torch.device("cpu")
+
+
+def serve(spec: RankSpec) -> None:
+    """Runs rank spec.rank until rank 0 says stop; raises ChannelClosed when rank 0 is gone."""
+    from baton.services.engine.model_runner import ModelRunner
+    set_cpu_threads(spec.engine, spec.device_type)
+    conn = channel.connect(spec.host, spec.channel_port, spec.rank, timeout_s=60)
+    device = _device(spec)
+    init_tp(spec.rank, spec.size, spec.init_method, device,
+            spec.engine.distributed_timeout_seconds)
+    try:
+        runner = ModelRunner(spec.engine, load_config(spec.model_dir), spec.model_dir, spec.dtype,
+                             device, spec.max_model_len, spec.kv_blocks_wanted, follower=True)
+        decoder = StepDecoder()
+        while (message := channel.recv(conn)) is not None:
+            runner.execute_follower(decoder.decode(message), message.score_rows)
+    finally:
+        conn.close()
+        destroy_tp()
+
+
+def main(spec: RankSpec) -> None:
+    """A spawned rank's entry point (executor.MultiprocExecutor): exits 0 when told to stop, 1 on
+    any failure."""
+    logging.basicConfig(level=spec.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s tp-rank-{spec.rank} %(levelname)s %(name)s: "
+                               "%(message)s")
+    try:
+        serve(spec)
+    except channel.ChannelClosed:
+        log.error("rank 0 is gone; exiting")
+        sys.exit(1)
+    except BaseException:
+        log.exception("tensor-parallel rank %d failed", spec.rank)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(pickle.load(sys.stdin.buffer))

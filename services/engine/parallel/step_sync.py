@@ -1,0 +1,121 @@
+"""What rank 0 tells the other ranks each step: only what they cannot know.
+
+Per scheduled sequence, in the step's packed order: a small handle, where this step's tokens start,
+the tokens themselves (a decode step's one token, a prefill chunk's tokens) and the change to its
+block table since it was last sent (the blocks appended, or the whole table after a preemption
+rebuilt it); then the handles of finished sequences, whose tables the ranks drop, and the hidden
+rows rank 0 will score for prompt logprobs, so that every rank joins the same lm_head gathers.
+Block tables are identical on all ranks because only rank 0 allocates blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from baton.services.engine.sequence import Sequence, Status
+
+
+@dataclass
+class SeqStep:
+    handle: int
+    num_computed: int
+    tokens: list[int]
+    keep_blocks: int  # of the table last sent, how many blocks stay
+    new_blocks: list[int]  # appended after those
+    samples: bool
+
+
+@dataclass
+class StepMessage:
+    seqs: list[SeqStep]
+    dropped: list[int] = field(default_factory=list)
+    score_rows: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Sent:
+    seq: Sequence
+    handle: int
+    blocks: list[int]
+
+
+class StepEncoder:
+    """Rank 0's record of what the other ranks hold, turning a step into its StepMessage."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, _Sent] = {}  # by id(seq); the entry keeps seq alive
+        self._next_handle = 0
+
+    def encode(self, packed: list[Any], score_rows: list[tuple[int, int]]) -> StepMessage:
+        dropped = [s.handle for s in self._sent.values() if s.seq.status is Status.FINISHED]
+        if dropped:
+            self._sent = {k: s for k, s in self._sent.items()
+                          if s.seq.status is not Status.FINISHED}
+        return StepMessage([self._seq_step(item) for item in packed], dropped, score_rows)
+
+    def _seq_step(self, item: Any) -> SeqStep:
+        seq = item.seq
+        sent = self._sent.get(id(seq))
+        if sent is None:
+            sent = self._sent[id(seq)] = _Sent(seq, self._next_handle, [])
+            self._next_handle += 1
+        blocks, old = seq.block_ids, sent.blocks
+        # Blocks are appended as a sequence grows; anything else (a preemption freed them) resends.
+        keep = len(old) if len(blocks) >= len(old) and blocks[:len(old)] == old else 0
+        sent.blocks = list(blocks)
+        first = seq.num_computed_tokens
+        return SeqStep(sent.handle, first, seq.token_ids[first:first + item.num_tokens], keep,
+                       blocks[keep:], item.samples)
+
+
+class _Tokens:
+    """A sequence's tokens as a rank other than 0 knows them: this step's, at their positions."""
+
+    def __init__(self, first: int, tokens: list[int]) -> None:
+        self.first, self.tokens = first, tokens
+
+    def __getitem__(self, index: slice | int) -> list[int] | int:
+        if isinstance(index, int):
+            return self.tokens[index - self.first]
+        return self.tokens[index.start - self.first:index.stop - self.first]
+
+
+@dataclass
+class MirrorSeq:
+    num_computed_tokens: int
+    token_ids: _Tokens
+    block_ids: list[int]
+    wants_prompt_logprobs: bool = False
+
+
+@dataclass
+class MirrorItem:
+    """A scheduled sequence as the model runner reads it (scheduler.ScheduledSeq's fields)."""
+    seq: MirrorSeq
+    num_tokens: int
+    samples: bool
+    # speculation is refused at TP>1 (engine/config.py), so a step's items carry no draft
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def num_positions(self) -> int:
+        return self.num_tokens
+
+
+class StepDecoder:
+    """A rank's block tables, kept in step with rank 0's by the messages."""
+
+    def __init__(self) -> None:
+        self.tables: dict[int, list[int]] = {}
+
+    def decode(self, message: StepMessage) -> list[MirrorItem]:
+        for handle in message.dropped:
+            self.tables.pop(handle, None)
+        items = []
+        for s in message.seqs:
+            table = self.tables.setdefault(s.handle, [])
+            del table[s.keep_blocks:]
+            table.extend(s.new_blocks)
+            seq = MirrorSeq(s.num_computed, _Tokens(s.num_computed, s.tokens), table)
+            items.append(MirrorItem(seq, len(s.tokens), s.samples))
+        return items
