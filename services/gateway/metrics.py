@@ -77,6 +77,10 @@ class GatewayMetrics:
             "baton_gateway_client_timeouts",
             "Connections closed because a request's head or body came too slowly, by phase",
             ["phase"], registry=registry)
+        self.state_store_failures = Counter(
+            "baton_gateway_state_store_failures",
+            "State-store operations that failed (the store unreachable), by operation",
+            ["operation"], registry=registry)
 
     def tenant(self, name: str) -> str:
         return tenant_label(self.tenant_labels, name)

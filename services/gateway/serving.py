@@ -23,10 +23,11 @@ from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import Tenant
+from baton.services.gateway.usage_meter import UsageTicket
 from baton.services.openai.endpoints import OpenAIRequest
 from baton.services.openai.engine_input import EngineInput
 from baton.services.openai.render import TokenText
-from baton.services.openai.streaming import ChunkWriter, sse
+from baton.services.openai.streaming import EventWriter, sse
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.gateway")
@@ -42,6 +43,10 @@ class ApiRequest:
     response_id: str
     started: float  # time.monotonic() at arrival
     trace_headers: dict[str, str]
+    endpoint: str = ""  # its path, for the usage record
+    key_id: str | None = None  # the API key's id (tenants.key_id), for the usage record
+    usage: UsageTicket | None = None  # its usage record, from its start
+    failed: bool = False  # a choice ended in an error
 
 
 @dataclass
@@ -56,6 +61,15 @@ class Running:
     pending: list[tuple[int, object]] = field(default_factory=list)
     # set once the choices are cancelled: done when they have all unwound
     ended: asyncio.Future | None = None
+    rejected: bool = False  # refused before its first token
+
+    def outcome(self) -> str:
+        """The status of its usage record."""
+        if self.rejected:
+            return "rejected"
+        if self.api.failed:
+            return "failed"
+        return "completed" if all(s.finish_reason for s in self.states) else "cancelled"
 
 
 class StreamedResponse(StreamingResponse):
@@ -63,7 +77,7 @@ class StreamedResponse(StreamingResponse):
     streamed to the end, or cut by the client before or during the stream. Starlette cancels the
     body on a disconnect and may never start it, so the body's own cleanup cannot be relied on."""
 
-    def __init__(self, serving: Serving, running: Running, writer: ChunkWriter) -> None:
+    def __init__(self, serving: Serving, running: Running, writer: EventWriter) -> None:
         super().__init__(serving.stream(running, writer), media_type="text/event-stream")
         self.serving, self.running = serving, running
 
@@ -105,6 +119,10 @@ class Serving:
             for s in states
         ]
         running = Running(api, states, events, tasks, span)
+        meter = self.gateway.meter
+        if meter is not None:
+            api.usage = meter.open(api.response_id, api.tenant.name, api.key_id, api.endpoint,
+                                   self.gateway.model_name, len(api.inp.prompt_token_ids), states)
         self.gateway.metrics.in_flight.inc()
         try:
             first = await events.get()
@@ -112,6 +130,7 @@ class Serving:
             self.end(running)
             raise
         if isinstance(first[1], Refused):
+            running.rejected = True
             await self.finish(running)
             raise first[1]
         running.pending.append(first)
@@ -132,6 +151,9 @@ class Serving:
     def _ended(self, running: Running) -> None:
         running.span.end()
         self.gateway.metrics.in_flight.dec()
+        meter, ticket = self.gateway.meter, running.api.usage
+        if meter is not None and ticket is not None:
+            meter.settle(ticket, running.outcome())
 
     async def finish(self, running: Running) -> None:
         """Ends the request and waits until its choices have unwound (metered, leases released)."""
@@ -173,6 +195,8 @@ class Serving:
         finally:
             # also when cancelled, so the one reading the events is never left waiting
             events.put_nowait((state.index, last))
+            if last is not _END:
+                api.failed = True
             self._meter(api, state, progress, slo)
 
     def _meter(self, api: ApiRequest, state: ChoiceState, progress: ChoiceProgress,
@@ -184,6 +208,8 @@ class Serving:
                 api.started if progress.first_token_at is not None else None)
         if ttft is not None:
             metrics.ttft.observe(ttft)
+            if api.usage is not None:
+                api.usage.saw_ttft(ttft)
         metrics.finish_choice(api.priority, slo if state.finish_reason else None, ttft,
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
@@ -201,7 +227,7 @@ class Serving:
                 live -= 1
             yield index, item
 
-    async def stream(self, running: Running, writer: ChunkWriter) -> AsyncIterator[str]:
+    async def stream(self, running: Running, writer: EventWriter) -> AsyncIterator[str]:
         """The SSE body, in the endpoint's chunks (`writer`); error events where a choice failed."""
         # per choice: n choices interleave, and ITL is a gap within one
         last_token_at: dict[int, float] = {}
