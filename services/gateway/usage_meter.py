@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +70,7 @@ class UsageMeter:
 
     def open(self, request_id: str, tenant: str, key_id: str | None, endpoint: str, model: str,
              prompt_tokens: int, states: Sequence[Choice]) -> UsageTicket:
-        ticket = UsageTicket(f"{request_id}-{uuid.uuid4().hex[:8]}", tenant, key_id, endpoint,
+        ticket = UsageTicket(request_id, tenant, key_id, endpoint,
                              model, prompt_tokens, states=states)
         self.live[ticket.id] = ticket
         ticket.opened = self._spawn(insert_usage(self.store, ticket.row(IN_PROGRESS)), "insert")
