@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from baton.services.openai.chat import ChatCompletionRequest
 from baton.services.openai.common import Acceptable, off
@@ -38,6 +38,17 @@ class MessageItem(BaseModel):
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextPart]
     status: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        # Checked here so the error names the part's type, not a member of the union.
+        for part in value if isinstance(value, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("input_text", "output_text"):
+                raise ValueError(f"content parts of type {kind!r} are not supported; only "
+                                 "input_text and output_text parts are")
+        return value
 
     def text(self) -> str:
         """The content as one string, parts joined as chat's text parts are."""
@@ -132,7 +143,7 @@ class ResponsesRequest(BaseModel):
     UNSUPPORTED: ClassVar[dict[str, Acceptable]] = UNSUPPORTED_RESPONSES
 
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | list[Any]
     instructions: str | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
@@ -147,6 +158,13 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     stream: bool = False
     user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_form(cls, value: Any) -> Any:
+        if not isinstance(value, (str, list)):
+            raise ValueError("must be a string or a list of input items")
+        return value
 
     @classmethod
     def parse(cls, body: Any) -> ResponsesRequest:

@@ -31,9 +31,7 @@ ANSWER = {"type": "object", "properties": {"answer": {"type": "integer"},
 def url(request, stack, gateways, pg_url) -> str:
     if request.param == "sqlite":
         return stack.url
-    if not hasattr(gateways, "pg"):
-        gateways.pg = gateways.start(pg_url)
-    return gateways.pg
+    return gateways.get("postgresql", pg_url)
 
 
 def test_create_retrieve_list_delete(url):
