@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Issue 32's GPU checks in ONE device call, in priority order, inside a time budget (a session is lent about
+# 15 minutes of device time, machine start included): each step runs only if its usual time still fits, under
+# a timeout, and writes its figures to $OUT at once, so a call cut short still brings back what it measured.
+# Prepare here with deploy/gpu-check/prepare.sh, then:
+#   run(command="bash deploy/gpu-check/all.sh", carry=[".gpu"], timeout_s=560)
+# GPU_CHECK_BUDGET_S (default 480) bounds the whole call; GPU_CHECK_STEPS picks steps (default: all, in order).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+SITE=/tmp/site
+MODEL=/tmp/8b
+BUDGET=${GPU_CHECK_BUDGET_S:-480}
+STEPS=${GPU_CHECK_STEPS:-"kernels decode kv handoff throughput wave"}
+START=$SECONDS
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+log() { echo "[$((SECONDS - START))s] $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((BUDGET - (SECONDS - START))); }
+baton() { python3 -m baton.services.cli.main --log-level WARNING "$@"; }
+
+setup() {
+  python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu/whl/*.whl
+  tar xzf .gpu/nixl.tgz -C "$SITE"
+  export PYTHONPATH=$SITE
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee "$OUT/setup.txt"
+}
+
+make_model() { [ -f "$MODEL/config.json" ] || python3 .gpu/make8b.py "$MODEL" > "$OUT/make8b.txt" 2>&1; }
+
+# step: kernels compiled against their float64 references; CUDA graphs token-exact against eager
+kernels() {
+  python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/test_cuda_graphs.py \
+    tests/engine/test_sampler.py > "$OUT/kernels.txt" 2>&1
+  tail -3 "$OUT/kernels.txt"
+  python3 docs/gpu/decode_attention_speed.py "$OUT/decode_attention.json" > /dev/null 2>&1
+}
+
+# step: decode step time against the HBM floor, 8B shape at 2k context
+decode() {
+  make_model
+  for g in on off; do
+    baton bench decode-step --model "$MODEL" --batch-sizes 1,32,128 --context 2048 --graphs $g \
+      --max-num-seqs 128 --output-json "$OUT/decode_step_graphs_$g.json" > "$OUT/decode_$g.txt" 2>&1
+    tail -5 "$OUT/decode_$g.txt"
+  done
+}
+
+# step: KV reads between two processes' CUDA caches, cuda_ipc and NIXL
+kv() {
+  for kind in cuda_ipc nixl; do
+    baton bench kv-transfer --device cuda --layout llama-8b --sizes 16 256 1024 --repeats 5 \
+      --transports "$kind" --blocks consecutive --output-json "$OUT/kv_$kind.json" \
+      > "$OUT/kv_$kind.txt" 2>&1
+    tail -5 "$OUT/kv_$kind.txt"
+  done
+}
+
+# step: the disaggregated stack on one GPU, token for token against colocated
+handoff() {
+  python3 -m pytest -q -p no:cacheprovider -s tests/worker/test_kv_transfer_gpu.py \
+    tests/gateway/test_disaggregated_gpu.py > "$OUT/handoff.txt" 2>&1
+  tail -5 "$OUT/handoff.txt"
+}
+
+# step: decode-heavy throughput (the issue's workload, fewer prompts to fit the budget)
+throughput() {
+  make_model
+  baton bench throughput --model "$MODEL" --num-prompts 256 --input-len 128 --output-len 512 \
+    --range-ratio 0 --max-num-seqs 256 --output-json "$OUT/throughput.json" > "$OUT/throughput.txt" 2>&1
+  tail -8 "$OUT/throughput.txt"
+}
+
+# step: this wave's GPU paths, each where its code has landed
+wave() {
+  local tests=()
+  for t in tests/engine/parallel tests/kernels/test_lora_bgmv.py tests/engine/kv/tiers \
+           tests/engine/speculation; do
+    [ -e "$t" ] && tests+=("$t")
+  done
+  [ ${#tests[@]} -gt 0 ] || { echo "no wave paths here"; return; }
+  python3 -m pytest -q -p no:cacheprovider -x "${tests[@]}" > "$OUT/wave.txt" 2>&1
+  tail -5 "$OUT/wave.txt"
+}
+
+# the usual seconds each step takes on an H100 (measured or estimated from its parts)
+declare -A COST=([kernels]=120 [decode]=150 [kv]=90 [handoff]=120 [throughput]=150 [wave]=120)
+
+log "setup"; setup
+for step in $STEPS; do
+  if [ "$(left)" -lt "${COST[$step]}" ]; then
+    log "skip $step: ${COST[$step]} s needed, $(left) s left"
+    continue
+  fi
+  log "start $step"
+  timeout "$(left)" bash -c "$(declare -f log left baton make_model "$step"); \
+    OUT=$OUT MODEL=$MODEL START=$START BUDGET=$BUDGET; $step" 2>&1 | tee -a "$OUT/summary.txt"
+  log "end $step: exit ${PIPESTATUS[0]}"
+done
+log "done"
