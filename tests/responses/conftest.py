@@ -31,7 +31,8 @@ tenants:
 MODEL = "tiny-llama"
 
 
-async def _admin(statement: str) -> None:
+async def pg_admin(statement: str) -> None:
+    """Runs one statement on the server's `postgres` database (creating and dropping others)."""
     conn = await asyncpg.connect(f"{PG}/postgres", timeout=30)
     try:
         await conn.execute(statement)
@@ -43,10 +44,10 @@ async def _admin(statement: str) -> None:
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for the module, dropped after it."""
     name = f"baton_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
     yield f"{PG}/{name}"
     # WITH (FORCE): a gateway killed mid-test may have left a connection behind
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="session")

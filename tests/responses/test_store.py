@@ -19,7 +19,7 @@ from baton.services.state.responses_repo import (StoredResponse, delete_response
 from baton.services.state.store import StateStore
 from baton.services.state.urls import StoreUnavailable
 from baton.services.state.usage_repo import insert_usage, query_usage, settle_stale
-from tests.responses.conftest import PG, _admin
+from tests.responses.conftest import PG, pg_admin
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -29,9 +29,9 @@ def url(request, tmp_path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path}/state.db"
         return
     name = f"baton_store_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
     yield f"{PG}/{name}"
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def _response(response_id: str, status: str = "completed") -> StoredResponse:
