@@ -32,6 +32,8 @@ def tenant_label(mode: str, tenant: str) -> str:
 
 
 class GatewayMetrics:
+    IN_FLIGHT = "baton_gateway_requests_in_flight"  # /load reads it
+
     def __init__(self, registry: CollectorRegistry, tenant_labels: str = "name") -> None:
         self.tenant_labels = tenant_labels
         self.requests = Counter("baton_gateway_requests",
@@ -66,7 +68,7 @@ class GatewayMetrics:
                                   ["reason"], registry=registry)
         self.migrations = Counter("baton_gateway_migrations",
                                   "Streams moved to another decode worker", registry=registry)
-        self.in_flight = Gauge("baton_gateway_requests_in_flight", "Requests being served",
+        self.in_flight = Gauge(self.IN_FLIGHT, "Requests being served",
                                registry=registry)
         self.router_up = Gauge("baton_gateway_router_up",
                                "1 while the router answers its health check", registry=registry)

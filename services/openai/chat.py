@@ -34,7 +34,6 @@ UNSUPPORTED_CHAT = {
     "documents": off(),
     "mm_processor_kwargs": off(),
     "continue_final_message": off(False),
-    "add_generation_prompt": off(True),
 }
 
 
@@ -93,6 +92,8 @@ class ChatCompletionRequest(BaseRequest):
     # The template adds BOS and friends itself; adding them again would double them (vLLM's
     # default).
     add_special_tokens: bool = False
+    # vLLM's: end the prompt with the template's cue for the assistant's turn
+    add_generation_prompt: bool = True
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -118,8 +119,9 @@ class ChatCompletionRequest(BaseRequest):
         messages = [m.for_template() for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         try:
-            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                 tokenize=False)
+            text = tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=self.add_generation_prompt,
+                tokenize=False)
         # Templates reject what they cannot render, e.g. roles that do not alternate; some fail on a
         # null content (an assistant message that only calls tools) with a TypeError.
         except (TemplateError, TypeError) as e:

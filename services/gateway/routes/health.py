@@ -10,13 +10,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from baton.services.gateway.errors import error_response
 from baton.services.gateway.state import Gateway
 
+HEALTHY = {"status": "ok"}
+
 
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
     @router.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        return HEALTHY
 
     @router.get("/ready")
     async def ready() -> Response:
