@@ -59,7 +59,8 @@ class SamplingParams:
 
     def validate(self, max_logprobs: int = 20) -> None:
         """Raises ValueError naming the offending field; callers map it to HTTP 400 /
-        INVALID_ARGUMENT."""
+        INVALID_ARGUMENT. max_logprobs -1: no limit (vLLM's meaning)."""
+        cap = max_logprobs if max_logprobs >= 0 else 2 ** 62
         checks = [
             (self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}"),
             (0.0 <= self.temperature <= 100.0, "temperature",
@@ -77,9 +78,9 @@ class SamplingParams:
              f"must be in [-2, 2], got {self.presence_penalty}"),
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens",
              f"must be in [0, max_tokens], got {self.min_tokens}"),
-            (self.logprobs is None or 0 <= self.logprobs <= max_logprobs, "logprobs",
+            (self.logprobs is None or 0 <= self.logprobs <= cap, "logprobs",
              f"must be in [0, {max_logprobs}], got {self.logprobs}"),
-            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= max_logprobs,
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= cap,
              "prompt_logprobs", f"must be in [0, {max_logprobs}], got {self.prompt_logprobs}"),
             (all(t >= 0 and -100.0 <= b <= 100.0 for t, b in (self.logit_bias or {}).items()),
              "logit_bias", "token ids must be non-negative and biases in [-100, 100]"),

@@ -47,7 +47,10 @@ class EngineConfig(BatonSettings):
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch (default: torch's own choice, one per core)")
     seed: int = Field(0, description="Seed of the sampler for requests without their own seed")
-    max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
+    max_logprobs: int = Field(
+        20, ge=-1,
+        description="Most top logprobs a request may ask for (-1: no limit, so a request may ask "
+                    "for the whole vocabulary with -1)")
     grammar_cache_size: int = Field(
         64, ge=1,
         description="Compiled structured-output grammars kept, least recently used dropped first")

@@ -34,10 +34,10 @@ def _submit(engine: LLMEngine, url: str, body: Any) -> _Submitted:
     inp = to_engine_input(request, engine.tokenizer, engine.max_model_len,
                           engine.config.max_logprobs, engine.model_config.vocab_size)
     response_id = new_response_id(request)
-    engine_ids = [f"{response_id}-{i}" for i in range(inp.n)]
+    engine_ids = [f"{response_id}-{i}" for i in range(inp.choices)]
     try:
         for i, engine_id in enumerate(engine_ids):
-            engine.add_request(engine_id, inp.prompt_token_ids, inp.params.for_choice(i),
+            engine.add_request(engine_id, inp.prompt_of(i), inp.params.for_choice(i),
                                priority=inp.priority, cache_salt=inp.cache_salt)
     except ValueError as e:
         # The engine refuses what it can never serve (e.g. more KV than it holds); drop the choices

@@ -43,7 +43,10 @@ class GatewayConfig(BatonSettings):
         description="Model name clients use; must match the workers' (default: the folder's name)")
     max_model_len: int | None = Field(None, ge=1,
                                       description="Context length (default: the model's)")
-    max_logprobs: int = Field(20, ge=0, description="Most top logprobs a request may ask for")
+    max_logprobs: int = Field(
+        20, ge=-1,
+        description="Most top logprobs a request may ask for (-1: no limit, so a request may ask "
+                    "for the whole vocabulary with -1)")
     max_request_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024,
         description="Largest request body accepted; a larger one is refused with 413 before it is "
@@ -127,6 +130,14 @@ class GatewayConfig(BatonSettings):
         description="How tool calls are read from outputs when tool_choice is auto: 'hermes' "
                     "(<tool_call>{...}</tool_call>, Qwen/Hermes), 'llama3_json' (Llama 3.x JSON), "
                     "'auto' (from the chat template and model family) or 'none' (never)")
+    strict_request_fields: bool = Field(
+        False,
+        description="Refuse (400) request fields no OpenAI or vLLM request defines; off: they are "
+                    "ignored with a warning in the log, as vLLM does")
+    return_tokens_as_token_ids: bool = Field(
+        False,
+        description="Logprobs name tokens 'token_id:N' unless a request says otherwise (vLLM's "
+                    "flag and request field)")
     slos: str = Field(
         "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; a "
                                   "priority without one uses the nearest lower priority's")

@@ -61,6 +61,8 @@ class ChoiceRequest:
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
     metadata: Sequence[tuple[str, str]] = ()  # trace context for the router and workers
+    # the request's prompt_cache_key: the router keeps requests that share it on one worker
+    affinity_key: str = ""
 
 
 @dataclass
@@ -116,7 +118,8 @@ class Orchestrator:
                                ttft_slo_s=int(ttft) / 1000 if ttft is not None else None,
                                tpot_slo_s=int(tpot) / 1000 if tpot is not None else None,
                                excluded_worker_ids=frozenset(excluded),
-                               first_token_at_prefill=first_token_at_prefill(choice.params))
+                               first_token_at_prefill=first_token_at_prefill(choice.params),
+                               affinity_key=choice.affinity_key)
         try:
             return await self.router.Place(place_request_to_proto(request),
                                            metadata=choice.metadata)

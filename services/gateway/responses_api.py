@@ -174,7 +174,7 @@ class ResponsesService:
             states = await self.serving.collect(job.api)
             await self._finish_collected(job, states[0])
         except Refused as e:
-            await self._finish(job, [], Choice(0, job.api.inp.prompt_token_ids),
+            await self._finish(job, [], Choice(0, job.api.inp.prompts[0]),
                                {"code": e.code, "message": e.message})
         except StoreUnavailable as e:
             self.gateway.metrics.state_store_failures.labels("responses").inc()

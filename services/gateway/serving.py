@@ -8,6 +8,7 @@ client left, the stream's response owning it from start to end."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -93,6 +94,11 @@ class Serving:
         self.gateway = gateway
         self.slos = parse_slos(gateway.config.slos)
         self.text_of = TokenText(gateway.tokenizer)
+        self.text_of_ids = TokenText(gateway.tokenizer, as_ids=True)
+
+    def token_text(self, request: OpenAIRequest) -> TokenText:
+        """How the request's logprobs name tokens: text, or "token_id:N"."""
+        return self.text_of_ids if request.return_tokens_as_token_ids else self.text_of
 
     def slo_for(self, priority: int) -> SLO | None:
         """The target of the nearest priority at or below this one (a higher class inherits a
@@ -106,13 +112,13 @@ class Serving:
         span = tracer.start_span(
             "request", context=propagate.extract(api.trace_headers), attributes={
                 "baton.request_id": api.response_id, "baton.tenant": api.tenant.name,
-                "baton.prompt_tokens": len(api.inp.prompt_token_ids)
+                "baton.prompt_tokens": api.inp.prompt_tokens
             })
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         logprobs = api.oai.logprobs_k()[1] is not None
-        states = [ChoiceState(i, api.inp.prompt_token_ids, logprobs=[] if logprobs else None)
-                  for i in range(api.inp.n)]
+        states = [ChoiceState(i, api.inp.prompt_of(i), logprobs=[] if logprobs else None)
+                  for i in range(api.inp.choices)]
         events: asyncio.Queue = asyncio.Queue()
         tasks = [
             asyncio.ensure_future(self._run_choice(api, s, events, tuple(carrier.items())))
@@ -122,7 +128,7 @@ class Serving:
         meter = self.gateway.meter
         if meter is not None:
             api.usage = meter.open(api.response_id, api.tenant.name, api.key_id, api.endpoint,
-                                   self.gateway.model_name, len(api.inp.prompt_token_ids), states)
+                                   self.gateway.model_name, api.inp.prompt_tokens, states)
         self.gateway.metrics.in_flight.inc()
         try:
             first = await events.get()
@@ -151,6 +157,12 @@ class Serving:
     def _ended(self, running: Running) -> None:
         running.span.end()
         self.gateway.metrics.in_flight.dec()
+        api = running.api
+        # the usage line a tenant's billing reads: who it was for, and what they attached
+        log.info("request %s usage: tenant %s, end user %s, %d prompt tokens, %d completion "
+                 "tokens, metadata %s", api.response_id, api.tenant.name, api.oai.end_user(),
+                 api.inp.prompt_tokens, sum(len(s.token_ids) for s in running.states),
+                 json.dumps(api.oai.metadata) if api.oai.metadata else "none")
         meter, ticket = self.gateway.meter, running.api.usage
         if meter is not None and ticket is not None:
             meter.settle(ticket, running.outcome())
@@ -165,10 +177,11 @@ class Serving:
         salt = api.tenant.cache_salt or ""
         if inp.cache_salt:
             salt = f"{salt}|{inp.cache_salt}"
-        return ChoiceRequest(f"{api.response_id}-{state.index}", inp.prompt_token_ids,
+        return ChoiceRequest(f"{api.response_id}-{state.index}", state.prompt_token_ids,
                              inp.params.for_choice(state.index), api.tenant.name,
                              api.priority, salt, slo.ttft_ms if slo else None,
-                             slo.tpot_ms if slo else None, metadata)
+                             slo.tpot_ms if slo else None, metadata,
+                             api.oai.prompt_cache_key or "")
 
     async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
                           metadata: tuple[tuple[str, str], ...]) -> None:
@@ -214,8 +227,8 @@ class Serving:
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
         metrics.completion_tokens.labels(label).inc(tokens)
-        if state.index == 0:
-            metrics.prompt_tokens.labels(label).inc(len(api.inp.prompt_token_ids))
+        if state.index % api.inp.n == 0:  # each prompt once, whatever n
+            metrics.prompt_tokens.labels(label).inc(len(state.prompt_token_ids))
         self.gateway.limiter.refund(tenant, api.inp.params.max_tokens - tokens)
 
     async def _events(self, running: Running) -> AsyncIterator[tuple[int, object]]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from transformers import PreTrainedTokenizerBase
 
 from baton.services.common.sampling_params import StructuredOutput
+from baton.services.openai.chat_template import (check_generation_flags, check_template_kwargs,
+                                                 render_chat)
 from baton.services.openai.common import UNSUPPORTED_COMMON, Acceptable, BaseRequest, off
 from baton.services.openai.errors import ProtocolError
 from baton.services.openai.tool_parsers import (FirstCallOnly, JsonArrayParser,
@@ -20,26 +21,28 @@ from baton.services.openai.tools import (NamedToolChoice, Tool, ToolCall, ToolCh
 
 UNSUPPORTED_CHAT = {
     **UNSUPPORTED_COMMON,
-    "echo": off(False),
     "functions": off([]),
     "function_call": off("none"),
     "audio": off(),
     "modalities": off(["text"]),
     "prediction": off(),
     "web_search_options": off(),
-    "reasoning_effort": off(),
     "include_reasoning": off(),
     "chat_template": off(),
-    "chat_template_kwargs": off({}),
     "documents": off(),
     "mm_processor_kwargs": off(),
-    "continue_final_message": off(False),
 }
+# Content parts of other modalities, and what each needs that a text-only model lacks.
+MEDIA_PARTS = {"image_url": "images", "input_image": "images", "image": "images",
+               "input_audio": "audio", "audio_url": "audio", "video_url": "video",
+               "file": "files", "input_file": "files"}
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant", "tool"]
+    # OpenAI's system, developer, user, assistant and tool, or any other the chat template renders
+    # (vLLM passes them through)
+    role: str = Field(min_length=1, max_length=64)
     content: str | None = None  # None only for an assistant message that calls tools
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant only
@@ -70,6 +73,9 @@ class ChatMessage(BaseModel):
             return value
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                raise ValueError(f"content part of type {kind!r} cannot be served: this model is "
+                                 f"text-only and reads no {MEDIA_PARTS[kind]}")
             if kind != "text" or not isinstance(part.get("text"),
                                                 str) or set(part) - {"type", "text"}:
                 raise ValueError(f"content part of type {kind!r} is not supported; only "
@@ -88,12 +94,17 @@ class ChatCompletionRequest(BaseRequest):
     parallel_tool_calls: bool = True
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=-1)  # -1: the whole vocabulary, as vLLM
+    # How the template renders the conversation (vLLM's fields); the variables go to the template.
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False  # the answer starts with the last message's content when it continues it
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
     # The template adds BOS and friends itself; adding them again would double them (vLLM's
     # default).
     add_special_tokens: bool = False
-    # vLLM's: end the prompt with the template's cue for the assistant's turn
-    add_generation_prompt: bool = True
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -104,30 +115,39 @@ class ChatCompletionRequest(BaseRequest):
                 f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
         return value
 
+    _check_kwargs = field_validator("chat_template_kwargs")(check_template_kwargs)
+
     def _check(self) -> None:
         super()._check()
         if self.top_logprobs and not self.logprobs:
             raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        check_generation_flags(self.add_generation_prompt, self.continue_final_message,
+                               self.messages[-1].role)
         problem = tools_problem(self.tools, self.tool_choice)
         if problem:
             raise ProtocolError(problem[1], param=problem[0])
 
-    def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-        if tokenizer.chat_template is None:
-            raise ProtocolError("this model has no chat template; use /v1/completions",
-                                param="messages")
+    def prompts_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+        """The one prompt: the messages rendered by the chat template."""
         messages = [m.for_template() for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=self.add_generation_prompt,
-                tokenize=False)
-        # Templates reject what they cannot render, e.g. roles that do not alternate; some fail on a
-        # null content (an assistant message that only calls tools) with a TypeError.
-        except (TemplateError, TypeError) as e:
-            raise ProtocolError(f"messages: the chat template refused them: {e}",
-                                param="messages") from None
-        return tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        text = render_chat(tokenizer, messages, tools, self.add_generation_prompt,
+                           self.continue_final_message, self.template_variables())
+        return [tokenizer.encode(text, add_special_tokens=self.add_special_tokens)]
+
+    def template_variables(self) -> dict[str, Any]:
+        """What the chat template sees besides messages and tools; chat_template_kwargs win over
+        the fields they repeat."""
+        fields = {"reasoning_effort": self.reasoning_effort, "verbosity": self.verbosity}
+        return {**{k: v for k, v in fields.items() if v is not None},
+                **(self.chat_template_kwargs or {})}
+
+    def echo_text(self) -> str:
+        """With echo, what the answer starts with (vLLM's rule): the last message's content when
+        the answer continues that message's role."""
+        last = self.messages[-1]
+        role = "assistant" if self.add_generation_prompt else last.role
+        return (last.content or "") if self.echo and last.role == role else ""
 
     def requested_max_tokens(self) -> tuple[str, int | None]:
         if self.max_completion_tokens is not None:

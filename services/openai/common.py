@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
+                      field_validator)
 
 from baton.services.common.sampling_params import StructuredOutput
 from baton.services.openai.errors import ProtocolError, from_validation_error
@@ -31,16 +32,32 @@ UNSUPPORTED_COMMON: dict[str, Acceptable] = {
     "use_beam_search": off(False), "length_penalty": off(1.0),
     "allowed_token_ids": off(), "bad_words": off([]), "logits_processors": off(),
     "truncate_prompt_tokens": off(), "spaces_between_special_tokens": off(True),
-    "return_tokens_as_token_ids": off(False), "guided_decoding_backend": off(),
+    "guided_decoding_backend": off(),
     "guided_whitespace_pattern": off(), "structural_tag": off(),
-    "kv_transfer_params": off(), "vllm_xargs": off(), "request_id": off(), "metadata": off({}),
+    "kv_transfer_params": off(), "vllm_xargs": off(), "request_id": off(),
     "store": off(False), "service_tier": off("auto", "default"),
 }
+# OpenAI's limits on `metadata`: 16 pairs, keys up to 64 characters, values up to 512.
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = True  # vLLM's default once stream_options is given
+    # vLLM's: every chunk carries the usage so far
+    continuous_usage_stats: bool = False
+
+
+def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > METADATA_PAIRS:
+        raise ValueError(f"at most {METADATA_PAIRS} key-value pairs, got {len(value)}")
+    for key, text in value.items():
+        if len(key) > METADATA_KEY or len(text) > METADATA_VALUE:
+            raise ValueError(f"keys are at most {METADATA_KEY} characters and values at most "
+                             f"{METADATA_VALUE}; `{key[:METADATA_KEY]}` is longer")
+    return value
 
 
 class BaseRequest(BaseModel):
@@ -49,6 +66,7 @@ class BaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     UNSUPPORTED: ClassVar[dict[str, Acceptable]] = UNSUPPORTED_COMMON
     PROMPT_FIELD: ClassVar[str] = "prompt"
+    _ignored: list[str] = PrivateAttr(default_factory=list)
 
     model: str | None = None
     n: int = Field(1, ge=1)
@@ -67,7 +85,16 @@ class BaseRequest(BaseModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    user: str | None = None  # accepted for compatibility; nothing keys on it
+    # The tenant's end user (`safety_identifier` is OpenAI's newer name): logged with the request.
+    user: str | None = Field(None, max_length=256)
+    safety_identifier: str | None = Field(None, max_length=256)
+    # OpenAI's prompt-caching hint: requests sharing it go to the same worker (router affinity).
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=1024)
+    # Logged with the request's usage; OpenAI keeps it with stored completions, and its chat and
+    # completions responses carry none, so neither do these.
+    metadata: dict[str, str] | None = None
+    # vLLM's: logprobs' tokens as "token_id:N" (None: the server's --return-tokens-as-token-ids)
+    return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool = False
     priority: int = 0  # vLLM's meaning: lower is served earlier
     cache_salt: str | None = Field(None, min_length=1)
@@ -82,19 +109,28 @@ class BaseRequest(BaseModel):
     guided_grammar: str | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extra: score the prompt, with this many top-k
-    prompt_logprobs: int | None = Field(None, ge=0)
+    prompt_logprobs: int | None = Field(None, ge=-1)  # -1: the whole vocabulary, as vLLM
+
+    _check_metadata = field_validator("metadata")(_metadata)
 
     @classmethod
-    def parse(cls, body: Any) -> BaseRequest:
-        """Validates a JSON body; raises ProtocolError naming the offending field."""
+    def parse(cls, body: Any, strict: bool = False) -> BaseRequest:
+        """Validates a JSON body; raises ProtocolError naming the offending field. Fields nobody
+        defines are dropped and listed in `ignored_fields` (vLLM's behaviour), or refused when
+        `strict`."""
         if not isinstance(body, dict):
             raise ProtocolError("the request body must be a JSON object", param="body")
         # null means "default" for every field, as in vLLM.
         body = {k: v for k, v in body.items() if v is not None}
+        ignored: list[str] = []
         for key in [k for k in body if k not in cls.model_fields]:
             accept = cls.UNSUPPORTED.get(key)
-            if accept is None:
+            if accept is None and strict:
                 raise ProtocolError(f"unknown field `{key}`", param=key, code="unknown_parameter")
+            if accept is None:
+                ignored.append(key)
+                del body[key]
+                continue
             if not accept(body[key], body):
                 shown = repr(body[key]) if len(repr(
                     body[key])) <= 40 else repr(body[key])[:37] + "..."
@@ -110,6 +146,7 @@ class BaseRequest(BaseModel):
             raise ProtocolError("the request nests too deeply to be validated",
                                 code="invalid_json") from None
         request._check()
+        request._ignored = ignored
         return request
 
     def _check(self) -> None:
@@ -130,8 +167,17 @@ class BaseRequest(BaseModel):
         return None
 
     def prompt_logprobs_k(self) -> int | None:
-        """Top-k for the prompt's logprobs (None: the prompt is not scored)."""
+        """Top-k for the prompt's logprobs (None: the prompt is not scored; -1: every token)."""
         return self.prompt_logprobs
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """Top-level fields of the body that no OpenAI or vLLM request defines, dropped by parse."""
+        return self._ignored
+
+    def end_user(self) -> str | None:
+        """Who the tenant says the request is for: `safety_identifier`, else `user`."""
+        return self.safety_identifier or self.user
 
     @property
     def scores_only(self) -> bool:

@@ -16,26 +16,26 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 UNSUPPORTED_COMPLETION = {**UNSUPPORTED_COMMON, "suffix": off(""), "prompt_embeds": off()}
 
 
-def one_prompt(value: Any) -> Any:
-    """One prompt: a string or token ids, possibly wrapped in a list of one (vLLM's batched
-    form)."""
-    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
-        if len(value) > 1:
-            raise ValueError(
-                f"a list of {len(value)} prompts is not supported; send one prompt per request")
-        value = value[0]
-    if isinstance(value, str):
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def prompt_list(value: Any) -> Any:
+    """The prompts of a request: one (a string or token ids) or OpenAI's batch form, a list of
+    strings or of token-id lists, each served as its own prompt."""
+    if isinstance(value, str) or (_is_token_ids(value) and value):
+        return [value]
+    if isinstance(value, list) and value and all(
+            isinstance(p, str) or _is_token_ids(p) for p in value):
         return value
-    if isinstance(value, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return value
-    raise ValueError("must be a string or a list of token ids")
+    raise ValueError("must be a string, a list of token ids, or a non-empty list of either")
 
 
 class CompletionRequest(BaseRequest):
     UNSUPPORTED: ClassVar[dict[str, Acceptable]] = UNSUPPORTED_COMPLETION
 
-    prompt: str | list[int]
+    prompt: list[str | list[int]]  # one or more (the batch form): len(prompt) * n choices
     max_tokens: int | None = COMPLETION_DEFAULT_MAX_TOKENS
     logprobs: int | None = Field(None, ge=0)
     add_special_tokens: bool = True
@@ -59,13 +59,14 @@ class CompletionRequest(BaseRequest):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _single_prompt(cls, value: Any) -> Any:
-        return one_prompt(value)
+    def _prompts(cls, value: Any) -> Any:
+        return prompt_list(value)
 
-    def prompt_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-        if isinstance(self.prompt, list):
-            return list(self.prompt)
-        return tokenizer.encode(self.prompt, add_special_tokens=self.add_special_tokens)
+    def prompts_token_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+        """Each prompt's tokens, in order."""
+        return [list(p) if isinstance(p, list) else
+                tokenizer.encode(p, add_special_tokens=self.add_special_tokens)
+                for p in self.prompt]
 
     def logprobs_k(self) -> tuple[str, int | None]:
         """The field that asks for logprobs, and how many top alternatives per token (None: no

@@ -17,13 +17,14 @@ ENDPOINTS: dict[str, type[BaseRequest]] = {"/v1/completions": CompletionRequest,
                                            "/v1/chat/completions": ChatCompletionRequest}
 
 
-def parse_request(url: str, body: Any) -> OpenAIRequest:
-    """The request model for an endpoint path, validated; raises ProtocolError."""
+def parse_request(url: str, body: Any, strict: bool = False) -> OpenAIRequest:
+    """The request model for an endpoint path, validated; raises ProtocolError. Unknown fields are
+    dropped (listed in its ignored_fields), or refused when `strict`."""
     cls = ENDPOINTS.get(url)
     if cls is None:
         raise ProtocolError(f"unsupported url {url!r}; expected one of {sorted(ENDPOINTS)}",
                             param="url", code="invalid_url")
-    return cls.parse(body)
+    return cls.parse(body, strict)
 
 
 def new_response_id(request: OpenAIRequest) -> str:

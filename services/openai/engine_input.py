@@ -16,35 +16,51 @@ from baton.services.openai.structured_request import structured_output_of
 
 @dataclass
 class EngineInput:
-    """What the engine needs for one API request: the i-th of its n samples runs
-    params.for_choice(i)."""
-    prompt_token_ids: list[int]
+    """What the engine needs for one API request: n samples of each prompt (completions take
+    several), choice i of prompt p at index p * n + i (OpenAI's order), run with
+    params.for_choice(index)."""
+    prompts: list[list[int]]
     params: SamplingParams
     n: int
     priority: int  # in the engine's convention: higher is served earlier
     cache_salt: str | None
 
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def prompt_of(self, choice: int) -> list[int]:
+        return self.prompts[choice // self.n]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every prompt's tokens once, as usage counts them."""
+        return sum(len(p) for p in self.prompts)
+
 
 def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, max_model_len: int,
                     max_logprobs: int = 20, vocab_size: int | None = None) -> EngineInput:
     """Tokenizes the prompt and builds sampling parameters; raises ProtocolError for bad or
-    oversized input.
+    oversized input. max_logprobs -1: no limit.
     vocab_size: the model's, which logit_bias ids must fall in (None: the engine checks them)."""
-    prompt = request.prompt_token_ids(tokenizer)
-    if not prompt:
+    prompts = request.prompts_token_ids(tokenizer)
+    if not all(prompts):
         raise ProtocolError(f"{request.PROMPT_FIELD} must not be empty", param=request.PROMPT_FIELD)
     try:
         logit_bias = parse_logit_bias(request.logit_bias, vocab_size)
     except ValueError as e:
         raise ProtocolError(str(e), param="logit_bias") from None
-    max_tokens = _max_tokens(request, len(prompt), max_model_len)
+    # one limit for all: a batch's max_tokens left unset fills the context after its longest prompt
+    max_tokens = _max_tokens(request, max(len(p) for p in prompts), max_model_len)
     # one token still runs, which is what scores the prompt; the answer drops it
     if request.scores_only:
         max_tokens = 1
     logprobs_field, logprobs = request.logprobs_k()
     structured_field, structured = _structured_output(request)
-    derived = dict(max_tokens=max_tokens, logprobs=logprobs, logit_bias=logit_bias,
-                   prompt_logprobs=request.prompt_logprobs_k(), structured_output=structured)
+    derived = dict(max_tokens=max_tokens, logit_bias=logit_bias, structured_output=structured,
+                   logprobs=_whole_vocabulary(logprobs, logprobs_field, vocab_size),
+                   prompt_logprobs=_whole_vocabulary(request.prompt_logprobs_k(),
+                                                     "prompt_logprobs", vocab_size))
     # Every other sampling parameter is a request field of the same name and meaning, copied as
     # sent.
     params = SamplingParams(
@@ -61,7 +77,17 @@ def to_engine_input(request: OpenAIRequest, tokenizer: PreTrainedTokenizerBase, 
         param = {"logprobs": logprobs_field, "max_tokens": request.requested_max_tokens()[0],
                  "structured_output": structured_field}.get(field, field)
         raise ProtocolError(f"{param} {detail}", param=param) from None
-    return EngineInput(prompt, params, request.n, -request.priority, request.cache_salt)
+    return EngineInput(prompts, params, request.n, -request.priority, request.cache_salt)
+
+
+def _whole_vocabulary(k: int | None, field: str, vocab_size: int | None) -> int | None:
+    """vLLM's -1 for top logprobs: every token of the vocabulary."""
+    if k != -1:
+        return k
+    if vocab_size is None:
+        raise ProtocolError(f"{field} -1 (the whole vocabulary) is not available here",
+                            param=field)
+    return vocab_size
 
 
 def _structured_output(request: OpenAIRequest) -> tuple[str | None, StructuredOutput | None]:

@@ -46,13 +46,18 @@ class Choice:
 
 
 class TokenText:
-    """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot)."""
+    """Text of single tokens, as vLLM shows them in logprobs (memoized: top-k repeats ids a lot);
+    `as_ids`: vLLM's return_tokens_as_token_ids, every token as "token_id:N", which tells apart
+    tokens that decode alike (byte fragments of one character)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.as_ids = as_ids
         self.cache: dict[int, str] = {}
 
     def __call__(self, token_id: int) -> str:
+        if self.as_ids:
+            return f"token_id:{token_id}"
         if token_id not in self.cache:
             self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return self.cache[token_id]
@@ -112,9 +117,15 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def prompt_text(request: CompletionRequest, text_of: TokenText) -> str:
-    prompt = request.prompt
+def prompt_text(request: CompletionRequest, index: int, text_of: TokenText) -> str:
+    """The text of the prompt choice `index` answers (echo)."""
+    prompt = request.prompt[index // request.n]
     return prompt if isinstance(prompt, str) else text_of.tokenizer.decode(prompt)
+
+
+def prompt_tokens(request: OpenAIRequest, choices: list[Choice]) -> int:
+    """Usage's prompt tokens: each prompt once (a batch's n choices of one prompt share it)."""
+    return sum(len(c.prompt_token_ids) for c in choices[::request.n])
 
 
 def completion_choice(request: CompletionRequest, c: Choice, index: int,
@@ -123,7 +134,7 @@ def completion_choice(request: CompletionRequest, c: Choice, index: int,
     logprobs = None if c.logprobs is None else completion_logprobs(c.logprobs, text_of)
     text = c.text
     if request.echo:
-        text = prompt_text(request, text_of) + text
+        text = prompt_text(request, index, text_of) + text
         if c.logprobs is not None:
             prompt_logprobs = c.prompt_logprobs or [None]
             logprobs = echo_logprobs(c.prompt_token_ids, prompt_logprobs, c.logprobs, text_of)
@@ -144,7 +155,10 @@ def chat_choice(request: ChatCompletionRequest, c: Choice, index: int, text_of: 
     logprobs = None
     if c.logprobs is not None:
         logprobs = {"content": [chat_logprob(lp, text_of) for lp in c.logprobs]}
-    message, called = message_with_calls(c.text, tool_parser)
+    message, called = message_with_calls(c.text, tool_parser, c.finish_reason == "length")
+    echoed = request.echo_text()
+    if echoed:
+        message["content"] = echoed + (message["content"] or "")
     finish_reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
     choice = {"index": index, "message": message, "logprobs": logprobs,
               "finish_reason": finish_reason, "stop_reason": c.stop_reason}
@@ -166,7 +180,7 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
     """The response body for a finished request; choices are its n in order. `tool_parser` reads
     tool calls in the model family's format, for chat requests whose tool_choice is auto."""
     chat = isinstance(request, ChatCompletionRequest)
-    text_of = TokenText(tokenizer)
+    text_of = TokenText(tokenizer, bool(request.return_tokens_as_token_ids))
     if request.scores_only:
         choices = [_prompt_only(c) for c in choices]
     if isinstance(request, ChatCompletionRequest):
@@ -174,7 +188,6 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
         bodies = [chat_choice(request, c, i, text_of, parser) for i, c in enumerate(choices)]
     else:
         bodies = [completion_choice(request, c, i, text_of) for i, c in enumerate(choices)]
-    prompt_tokens = len(choices[0].prompt_token_ids)
     completion_tokens = sum(len(c.token_ids) for c in choices)
     body: dict[str, Any] = {
         "id": response_id or new_response_id(request),
@@ -182,12 +195,12 @@ def build_response(request: OpenAIRequest, choices: list[Choice],
         "created": int(time.time()),
         "model": model,
         "choices": bodies,
-        "usage": usage_body(prompt_tokens, completion_tokens,
+        "usage": usage_body(prompt_tokens(request, choices), completion_tokens,
                             max(c.num_cached_tokens for c in choices)),
     }
     if chat and request.return_token_ids:
         body["prompt_token_ids"] = choices[0].prompt_token_ids
-    if chat and request.prompt_logprobs is not None:  # vLLM puts chat's at the top level
-        body["prompt_logprobs"] = vllm_prompt_logprobs(choices[0].prompt_logprobs or [None],
-                                                       text_of, _clamp)
+    if chat:  # vLLM puts chat's at the top level, null when not asked for
+        body["prompt_logprobs"] = None if request.prompt_logprobs is None else \
+            vllm_prompt_logprobs(choices[0].prompt_logprobs or [None], text_of, _clamp)
     return body

@@ -218,7 +218,7 @@ class ResponsesRequest(BaseModel):
             "top_p": self.top_p, "stream": self.stream, "user": self.user,
             "max_completion_tokens": self.max_output_tokens,
             "response_format": self.text.format.response_format(),
-            "parallel_tool_calls": self.parallel_tool_calls,
+            "parallel_tool_calls": self.parallel_tool_calls, "metadata": self.metadata or None,
         }
         if self.tools:
             body["tools"] = [{"type": "function", "function": t.model_dump(

@@ -16,7 +16,8 @@ from baton.services.openai.chat import ChatCompletionRequest
 from baton.services.openai.completions import CompletionRequest
 from baton.services.openai.endpoints import OpenAIRequest
 from baton.services.openai.render import (Choice, TokenText, chat_logprob, completion_logprobs,
-                                          echo_logprobs, prompt_text, usage_body)
+                                          echo_logprobs, prompt_text, prompt_tokens,
+                                          usage_body)
 from baton.services.openai.tool_parsers import ToolCallStream, ToolParser
 
 
@@ -55,8 +56,17 @@ class ChunkWriter(ABC):
                      "model": model}
         self.text_of = text_of
 
-    def _chunk(self, choice: dict[str, Any]) -> str:
-        return sse({**self.base, "choices": [choice]})
+    def _chunk(self, choice: dict[str, Any], state: Choice | None = None) -> str:
+        """A chunk of one choice; with continuous_usage_stats, the usage of `state` so far (vLLM
+        counts each choice's own tokens)."""
+        chunk = {**self.base, "choices": [choice]}
+        options = self.request.stream_options
+        if state is not None and options is not None and options.include_usage and \
+                options.continuous_usage_stats:
+            generated = 0 if self.request.scores_only else len(state.token_ids)
+            chunk["usage"] = usage_body(len(state.prompt_token_ids), generated,
+                                        state.num_cached_tokens)
+        return sse(chunk)
 
     def opening(self, states: list[Choice]) -> list[str]:
         """The chunks sent before any choice's first message."""
@@ -73,7 +83,7 @@ class ChunkWriter(ABC):
         choice = {"index": state.index, **self._fields(state, new, want, finish)}
         if self.request.return_token_ids:
             choice["token_ids"] = list(new.token_ids)
-        return self._chunk(choice)
+        return self._chunk(choice, state)
 
     @abstractmethod
     def _fields(self, state: Choice, new: Delta, want: bool,
@@ -89,7 +99,7 @@ class ChunkWriter(ABC):
 
     def usage(self, states: list[Choice]) -> str:
         generated = 0 if self.request.scores_only else sum(len(s.token_ids) for s in states)
-        usage = usage_body(len(states[0].prompt_token_ids), generated,
+        usage = usage_body(prompt_tokens(self.request, states), generated,
                            max(s.num_cached_tokens for s in states))
         return sse({**self.base, "choices": [], "usage": usage})
 
@@ -118,7 +128,7 @@ class CompletionChunkWriter(ChunkWriter):
             text, logprobs = "", []
         first = self.request.echo and state.index not in self.offsets
         if first:
-            text = prompt_text(self.request, self.text_of) + text
+            text = prompt_text(self.request, state.index, self.text_of) + text
         lp = None
         if want and first:
             lp = echo_logprobs(state.prompt_token_ids, state.prompt_logprobs or [None], logprobs,
@@ -147,13 +157,15 @@ class ChatChunkWriter(ChunkWriter):
         self.tool_streams: dict[int, ToolCallStream] = {}
 
     def opening(self, states: list[Choice]) -> list[str]:
-        """Each choice opens with the assistant role, as OpenAI's streams do."""
-        return [self._chunk({"index": s.index, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}) for s in states]
+        """Each choice opens with the assistant role, as OpenAI's streams do; with echo, the
+        content it continues (vLLM's echo)."""
+        echoed = self.request.echo_text()
+        return [self._chunk({"index": s.index, "delta": {"role": "assistant", "content": echoed},
+                             "logprobs": None, "finish_reason": None}, s) for s in states]
 
     def _fields(self, state: Choice, new: Delta, want: bool,
                 finish: dict[str, Any]) -> dict[str, Any]:
-        delta, called = self._delta(state.index, new)
+        delta, called = self._delta(state.index, new, state.finish_reason == "length")
         if called and finish["finish_reason"] == "stop":
             finish["finish_reason"] = "tool_calls"
         lp = None
@@ -161,9 +173,9 @@ class ChatChunkWriter(ChunkWriter):
             lp = {"content": [chat_logprob(x, self.text_of) for x in new.logprobs]}
         return {"delta": delta, "logprobs": lp, **finish}
 
-    def _delta(self, index: int, new: Delta) -> tuple[dict[str, Any], bool]:
+    def _delta(self, index: int, new: Delta, truncated: bool) -> tuple[dict[str, Any], bool]:
         """A chunk's delta, and whether the choice has called a tool so far."""
         if self.tool_parser is None:
             return ({"content": new.text} if new.text else {}), False
         stream = self.tool_streams.setdefault(index, ToolCallStream(self.tool_parser))
-        return stream.feed(new.text, new.finished), stream.called
+        return stream.feed(new.text, new.finished, truncated), stream.called

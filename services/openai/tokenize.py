@@ -94,7 +94,7 @@ def tokenize(options: TokenizeOptions, chat: ChatCompletionRequest | None,
              tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> dict[str, Any]:
     """The /tokenize answer (vLLM's TokenizeResponse)."""
     if chat is not None:
-        tokens = chat.prompt_token_ids(tokenizer)
+        tokens = chat.prompts_token_ids(tokenizer)[0]
     else:
         assert isinstance(options, TokenizeCompletionRequest)  # tokenize_request's pairing
         tokens = tokenizer.encode(options.prompt, add_special_tokens=options.add_special_tokens)

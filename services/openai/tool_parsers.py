@@ -228,17 +228,22 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def message_with_calls(text: str, parser: ToolParser | None) -> tuple[dict[str, Any], bool]:
+def message_with_calls(text: str, parser: ToolParser | None,
+                       truncated: bool = False) -> tuple[dict[str, Any], bool]:
     """The assistant message of a finished output, and whether it called tools (content is then null
-    unless the model wrote text before its calls)."""
-    calls = parser.parse(text, final=True) if parser else Parsed(text)
-    if not calls.valid_calls():
+    unless the model wrote text before its calls). A `truncated` output (max_tokens) keeps the calls
+    begun, their arguments cut where the output was, as its stream carried them."""
+    if parser is None:
+        return {"role": "assistant", "content": text}, False
+    parsed = parser.parse(text, final=not truncated)
+    calls = [c for c in parsed.calls if c.name is not None] if truncated else parsed.valid_calls()
+    if not calls:
         return {"role": "assistant", "content": text}, False
     tool_calls = [{
         "id": new_call_id(), "type": "function",
         "function": {"name": c.name, "arguments": c.arguments}
-    } for c in calls.valid_calls()]
-    return {"role": "assistant", "content": calls.content if calls.content.strip() else None,
+    } for c in calls]
+    return {"role": "assistant", "content": parsed.content if parsed.content.strip() else None,
             "tool_calls": tool_calls}, True
 
 
@@ -256,11 +261,14 @@ class ToolCallStream:
     def called(self) -> bool:
         return bool(self.arguments_sent)
 
-    def feed(self, text: str, final: bool) -> dict[str, Any]:
+    def feed(self, text: str, final: bool, truncated: bool = False) -> dict[str, Any]:
         """The delta for `text` (appended to what came before): {"content": ...} and/or
-        {"tool_calls": [...]}."""
+        {"tool_calls": [...]}. A final text `truncated` by max_tokens keeps the calls begun, as
+        message_with_calls reads it."""
         self.text += text
-        parsed = self.parser.parse(self.text, final)
+        parsed = self.parser.parse(self.text, final and not truncated)
+        if final and truncated and not any(c.name is not None for c in parsed.calls):
+            parsed = self.parser.parse(self.text, True)
         delta: dict[str, Any] = {}
         if len(parsed.content) > self.content_sent:
             delta["content"] = parsed.content[self.content_sent:]

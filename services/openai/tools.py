@@ -140,6 +140,34 @@ def closed_schema(schema: Any) -> Any:
     return closed
 
 
+def _local_refs(node: Any, rewrite: Any) -> Any:
+    """`node` with every local `$ref` ("#...") passed through `rewrite` (None: only whether there
+    are any, as a bool)."""
+    if isinstance(node, list):
+        items = [_local_refs(item, rewrite) for item in node]
+        return any(items) if rewrite is None else items
+    if not isinstance(node, dict):
+        return False if rewrite is None else node
+    ref = node.get("$ref")
+    local = isinstance(ref, str) and ref.startswith("#")
+    if rewrite is None:
+        return local or any(_local_refs(v, None) for v in node.values())
+    out = {k: _local_refs(v, rewrite) for k, v in node.items()}
+    if local:
+        out["$ref"] = rewrite(ref)
+    return out
+
+
+def _rooted(schema: dict[str, Any], name: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """A tool's arguments schema as a part of a larger document: its local references ("#/$defs/x",
+    "#") point at the document's root, so the schema moves whole under the root's $defs[name] and
+    every reference is prefixed to follow it."""
+    if not _local_refs(schema, None):
+        return schema
+    defs[name] = _local_refs(schema, lambda ref: f"#/$defs/{name}{ref[1:]}")
+    return {"$ref": f"#/$defs/{name}"}
+
+
 def forced_output(tools: list[Tool], choice: ToolChoice | None,
                   parallel: bool) -> StructuredOutput | None:
     """The grammar for a forced choice: a named function's output is its arguments object;
@@ -150,13 +178,16 @@ def forced_output(tools: list[Tool], choice: ToolChoice | None,
         return StructuredOutput("json_schema", json.dumps(closed_schema(function.schema())))
     if choice != "required":
         return None
+    defs: dict[str, Any] = {}
     calls = [{
         "type": "object", "properties": {
             "name": {"type": "string", "enum": [t.function.name]},
-            "arguments": closed_schema(t.function.schema())
+            "arguments": _rooted(closed_schema(t.function.schema()), f"tool{i}", defs)
         }, "required": ["name", "arguments"], "additionalProperties": False
-    } for t in tools]
+    } for i, t in enumerate(tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if defs:
+        schema["$defs"] = defs
     if not parallel:
         schema["maxItems"] = 1
     return StructuredOutput("json_schema", json.dumps(schema))

@@ -13,7 +13,8 @@ from pydantic_settings import NoDecode
 
 from baton.services.common.settings import BatonSettings
 
-DEFAULT_SCORERS = "prefix_overlap:2,kv_utilization:1,queued_prefill_tokens:1,inflight_requests:1"
+DEFAULT_SCORERS = ("prefix_overlap:2,affinity_key:2,kv_utilization:1,queued_prefill_tokens:1,"
+                   "inflight_requests:1")
 
 
 class ScorerWeight(BaseModel):
@@ -62,7 +63,8 @@ class PluginSettings(BaseModel):
     scorers: Annotated[list[ScorerWeight], NoDecode] = Field(
         DEFAULT_SCORERS,
         description="Weighted scorers, name:weight,... (registered names: prefix_overlap, "
-                    "kv_utilization, queued_prefill_tokens, inflight_requests); weight 0 or "
+                    "affinity_key, kv_utilization, queued_prefill_tokens, inflight_requests); "
+                    "weight 0 or "
                     "leaving one out turns it off. A plugin file may give a YAML list instead")
     sticky_queued_prefill_tokens: int = Field(
         4096, ge=0,
@@ -173,6 +175,10 @@ class RouterConfig(BatonSettings, PluginSettings):
     approx_index_max_blocks_per_worker: int = Field(
         65536, ge=1,
         description="Most placement-derived prefix entries kept per worker (least recent dropped)")
+    affinity_keys_max: int = Field(
+        100_000, ge=0,
+        description="Most affinity keys (prompt_cache_key) whose last worker is remembered, least "
+                    "recently used dropped; 0 turns the affinity_key scorer's memory off")
 
     def plugin_settings(self) -> PluginSettings:
         return PluginSettings(**{name: getattr(self, name) for name in PluginSettings.model_fields})

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from baton.services.common.messages.router import DisaggReason, PlaceRequest
 from baton.services.common.roles import Role
 from baton.services.router.admission import Admission
+from baton.services.router.affinity_keys import AffinityKeys
 from baton.services.router.config import RouterConfig
 from baton.services.router.disaggregation import DisaggInputs, DisaggPolicy, decide
 from baton.services.router.plugins.base import SchedulingRequest
@@ -50,9 +51,10 @@ class Pending:
 
 class Planner:
     def __init__(self, config: RouterConfig, index: PrefixIndex, predictor: TTFTPredictor,
-                 admission: Admission) -> None:
+                 admission: Admission, affinity: AffinityKeys) -> None:
         self.config = config
         self.index = index
+        self.affinity = affinity
         self.predictor = predictor
         self.admission = admission
         self.disagg_policy = DisaggPolicy(config.max_local_prefill_tokens,
@@ -67,7 +69,8 @@ class Planner:
         req = pending.request
         sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids),
                                  self.config.block_size, now,
-                                 self.index.match_lengths(pending.hashes), req.tenant, req.priority)
+                                 self.index.match_lengths(pending.hashes), req.tenant, req.priority,
+                                 self.affinity.workers_for(req.tenant, req.affinity_key))
         workers, tpot, refusal = self._decode_fit(pending, candidates)
         if refusal is not None:
             return refusal

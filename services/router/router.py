@@ -26,6 +26,7 @@ from baton.services.common.messages.router import Placement, PlaceRequest, PoolS
 from baton.services.common.messages.worker import KVEventBatch, KVSnapshot, LoadReport
 from baton.services.common.roles import Role
 from baton.services.router.admission import Admission, AdmissionQueue, FairShare, RetryPolicy
+from baton.services.router.affinity_keys import AffinityKeys
 from baton.services.router.config import PluginSettings, RouterConfig
 from baton.services.router.metrics import RouterMetrics, WorkerLoadRow
 from baton.services.router.planner import Pending, Plan, Planner
@@ -83,7 +84,8 @@ class Router:
                                        config.saturation_queued_prefill_tokens,
                                        config.saturation_inflight_requests,
                                        config.saturation_kv_utilization)
-        self.planner = Planner(config, self.index, self.predictor, self.admission)
+        self.affinity = AffinityKeys(config.affinity_keys_max)
+        self.planner = Planner(config, self.index, self.predictor, self.admission, self.affinity)
         self._rng = random.Random(config.seed)
         self.apply_plugin_settings(config.plugin_settings())
 
@@ -321,6 +323,8 @@ class Router:
                             sreq.prompt_tokens + req.max_tokens // 2)
         plan.decode.breaker.on_placed(now)
         self.index.record_placement(plan.decode.worker_id, pending.hashes)
+        self.affinity.record(req.tenant, req.affinity_key,
+                             [w.worker_id for w in (plan.decode, plan.prefill) if w is not None])
         if plan.prefill is not None:
             plan.prefill.reserve(lease_id, now, uncached, math.ceil(uncached / bs))
             plan.prefill.breaker.on_placed(now)

@@ -29,9 +29,9 @@ def convert(tokenizer, url, body, max_model_len=MAX_LEN):
     return to_engine_input(parse_request(url, body), tokenizer, max_model_len)
 
 
-def refusal(url, body, tokenizer=None) -> ProtocolError:
+def refusal(url, body, tokenizer=None, strict=False) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
-        request = parse_request(url, body)
+        request = parse_request(url, body, strict)
         if tokenizer is not None:
             to_engine_input(request, tokenizer, MAX_LEN)
     assert info.value.status == 400
@@ -44,7 +44,7 @@ def test_completion_defaults(tokenizer):
     assert (request.n, request.stream, request.priority, request.return_token_ids) == (1, False, 0,
                                                                                        False)
     inp = to_engine_input(request, tokenizer, MAX_LEN)
-    assert inp.prompt_token_ids == tokenizer.encode("Once upon a time")
+    assert inp.prompts[0] == tokenizer.encode("Once upon a time")
     p = inp.params
     assert p.max_tokens == COMPLETION_DEFAULT_MAX_TOKENS == 16
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (1.0, 1.0, 0, 0.0, None)
@@ -56,7 +56,7 @@ def test_completion_defaults(tokenizer):
 
 def test_chat_fills_the_context_by_default(tokenizer):
     inp = convert(tokenizer, CHAT, {"messages": USER})
-    assert len(inp.prompt_token_ids) + inp.params.max_tokens == MAX_LEN
+    assert len(inp.prompts[0]) + inp.params.max_tokens == MAX_LEN
     assert convert(tokenizer, CHAT, {"messages": USER, "max_tokens": 5}).params.max_tokens == 5
     both = {"messages": USER, "max_tokens": 5, "max_completion_tokens": 7}
     assert convert(tokenizer, CHAT, both).params.max_tokens == 7
@@ -73,7 +73,7 @@ def test_fields_reach_sampling_params(tokenizer):
     }
     inp = convert(tokenizer, COMPLETIONS, body)
     p = inp.params
-    assert inp.prompt_token_ids == [5, 6, 7] and inp.n == 3 and inp.cache_salt == "salt"
+    assert inp.prompts[0] == [5, 6, 7] and inp.n == 3 and inp.cache_salt == "salt"
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (9, 0.5, 0.9, 40,
                                                                                 0.1, 3)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
@@ -94,19 +94,13 @@ def test_nulls_mean_defaults(tokenizer):
 @pytest.mark.parametrize("prompt", [[7, 8], [[7, 8]], ["hello"]])
 def test_single_prompt_forms(tokenizer, prompt):
     inp = convert(tokenizer, COMPLETIONS, {"prompt": prompt})
-    assert inp.prompt_token_ids == ([7, 8] if prompt != ["hello"] else tokenizer.encode("hello"))
-
-
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2, 3]]])
-def test_batched_prompts_are_refused(prompt):
-    error = refusal(COMPLETIONS, {"prompt": prompt})
-    assert error.param == "prompt" and "list of 2 prompts" in error.message
+    assert inp.prompts[0] == ([7, 8] if prompt != ["hello"] else tokenizer.encode("hello"))
 
 
 @pytest.mark.parametrize("url,extra,param", [
     (CHAT, {"functions": [{"name": "f"}]}, "functions"),
     (CHAT, {"structural_tag": "{}"}, "structural_tag"),
-    (CHAT, {"echo": True}, "echo"),
+    (CHAT, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     (COMPLETIONS, {"suffix": "end"}, "suffix"),
     (COMPLETIONS, {"best_of": 3}, "best_of"),
     (COMPLETIONS, {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
@@ -126,8 +120,7 @@ def test_harmless_values_of_unsupported_fields_pass(tokenizer, extra):
 
 
 @pytest.mark.parametrize("url,body,param,fragment", [
-    (COMPLETIONS, {"prompt": "x", "frobnicate": 1}, "frobnicate", "unknown field"),
-    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "'assistant'"),
+    (CHAT, {"messages": [{"role": "", "content": "x"}]}, "messages[0].role", "at least 1"),
     (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "tool_call_id"),
     (CHAT, {
         "messages": [{
@@ -207,10 +200,10 @@ def test_chat_is_rendered_through_the_template_once(tokenizer):
         "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nName\na color.<|im_end|>\n"
         "<|im_start|>assistant\nRed.<|im_end|>\n<|im_start|>user\nAnother.<|im_end|>\n"
         "<|im_start|>assistant\n")
-    assert tokenizer.decode(inp.prompt_token_ids) == expected
-    assert inp.prompt_token_ids == tokenizer.encode(expected, add_special_tokens=False)
+    assert tokenizer.decode(inp.prompts[0]) == expected
+    assert inp.prompts[0] == tokenizer.encode(expected, add_special_tokens=False)
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assert inp.prompt_token_ids[0] == start and inp.prompt_token_ids.count(start) == 5
+    assert inp.prompts[0][0] == start and inp.prompts[0].count(start) == 5
 
 
 def test_parse_keeps_stream_options():

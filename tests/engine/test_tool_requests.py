@@ -47,7 +47,7 @@ def engine_input(tokenizer, **body):
 
 def test_history_with_tool_calls_and_results_is_rendered(tokenizer):
     inp = engine_input(tokenizer, messages=HISTORY, tools=TOOLS)
-    prompt = tokenizer.decode(inp.prompt_token_ids)
+    prompt = tokenizer.decode(inp.prompts[0])
     # the signatures, in the system turn
     assert '"name": "get_weather"' in prompt.split("<|im_end|>")[0]
     call = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'

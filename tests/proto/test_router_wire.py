@@ -30,7 +30,8 @@ def _unset(message) -> list[str]:
 def _place_request() -> PlaceRequest:
     return PlaceRequest("r-1", [5, 6, 7], tenant="acme", cache_salt="salt", priority=-3,
                         max_tokens=64, ttft_slo_s=0.25, tpot_slo_s=0.04,
-                        excluded_worker_ids=frozenset({"d2", "d1"}), first_token_at_prefill=True)
+                        excluded_worker_ids=frozenset({"d2", "d1"}), first_token_at_prefill=True,
+                        affinity_key="conversation-7")
 
 
 def test_a_place_request_survives_the_trip_with_every_field() -> None:

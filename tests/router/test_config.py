@@ -29,8 +29,9 @@ def weights(settings: PluginSettings) -> dict[str, float]:
 
 
 def test_default_scorers_and_weights():
-    assert weights(RouterConfig()) == {"prefix_overlap": 2.0, "kv_utilization": 1.0,
-                                       "queued_prefill_tokens": 1.0, "inflight_requests": 1.0}
+    assert weights(RouterConfig()) == {"prefix_overlap": 2.0, "affinity_key": 2.0,
+                                       "kv_utilization": 1.0, "queued_prefill_tokens": 1.0,
+                                       "inflight_requests": 1.0}
 
 
 def test_scorers_from_the_environment(monkeypatch):

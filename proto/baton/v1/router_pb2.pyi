@@ -73,7 +73,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_expires_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class PlaceRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "tenant", "cache_salt", "priority", "max_tokens", "ttft_slo_ms", "tpot_slo_ms", "excluded_worker_ids", "first_token_at_prefill")
+    __slots__ = ("request_id", "prompt_token_ids", "tenant", "cache_salt", "priority", "max_tokens", "ttft_slo_ms", "tpot_slo_ms", "excluded_worker_ids", "first_token_at_prefill", "affinity_key")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class PlaceRequest(_message.Message):
     TPOT_SLO_MS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_AT_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    AFFINITY_KEY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     tenant: str
@@ -94,7 +95,8 @@ class PlaceRequest(_message.Message):
     tpot_slo_ms: int
     excluded_worker_ids: _containers.RepeatedScalarFieldContainer[str]
     first_token_at_prefill: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tpot_slo_ms: _Optional[int] = ..., excluded_worker_ids: _Optional[_Iterable[str]] = ..., first_token_at_prefill: _Optional[bool] = ...) -> None: ...
+    affinity_key: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tpot_slo_ms: _Optional[int] = ..., excluded_worker_ids: _Optional[_Iterable[str]] = ..., first_token_at_prefill: _Optional[bool] = ..., affinity_key: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("request_id", "lease_id", "decode_worker_id", "decode_address", "prefill_worker_id", "prefill_address", "prefill_mode", "disaggregation_reason", "reason", "predicted_ttft_ms", "predicted_cached_tokens")

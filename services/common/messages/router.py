@@ -36,6 +36,8 @@ class PlaceRequest:
     excluded_worker_ids: frozenset[str] = frozenset()
     # the caller streams a remote prefill's first token at once: no decode join wait in its TTFT
     first_token_at_prefill: bool = False
+    # the client's prompt_cache_key: requests sharing it stay on one worker while it keeps up
+    affinity_key: str = ""
 
 
 @dataclass(frozen=True)

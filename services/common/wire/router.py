@@ -32,7 +32,8 @@ def place_request_to_proto(req: PlaceRequest) -> rpb.PlaceRequest:
                                tenant=req.tenant, cache_salt=req.cache_salt or "",
                                priority=req.priority, max_tokens=req.max_tokens,
                                excluded_worker_ids=sorted(req.excluded_worker_ids),
-                               first_token_at_prefill=req.first_token_at_prefill)
+                               first_token_at_prefill=req.first_token_at_prefill,
+                               affinity_key=req.affinity_key)
     if req.ttft_slo_s is not None:
         message.ttft_slo_ms = _ms(req.ttft_slo_s)
     if req.tpot_slo_s is not None:
@@ -53,7 +54,8 @@ def place_request_from_proto(request: rpb.PlaceRequest) -> PlaceRequest:
         ttft_slo_s=request.ttft_slo_ms / 1000 if request.HasField("ttft_slo_ms") else None,
         tpot_slo_s=request.tpot_slo_ms / 1000 if request.HasField("tpot_slo_ms") else None,
         excluded_worker_ids=frozenset(request.excluded_worker_ids),
-        first_token_at_prefill=request.first_token_at_prefill)
+        first_token_at_prefill=request.first_token_at_prefill,
+        affinity_key=request.affinity_key)
 
 
 def placement_to_proto(p: Placement) -> rpb.Placement:

@@ -13,7 +13,7 @@ from baton.services.openai.streaming import ChunkWriter, CompletionChunkWriter
 def _writer(serving: Serving, api: ApiRequest) -> ChunkWriter:
     assert isinstance(api.oai, CompletionRequest)  # parsed by this endpoint's model
     return CompletionChunkWriter(api.oai, api.response_id, serving.gateway.model_name,
-                                 serving.text_of)
+                                 serving.token_text(api.oai))
 
 
 COMPLETIONS = Endpoint("/v1/completions", CompletionRequest, _writer)

@@ -115,7 +115,7 @@ async def admit(serving: Serving, oai: OpenAIRequest, caller: tuple[Tenant, str 
         partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
                 config.max_logprobs, gateway.vocab_size))
     gateway.limiter.admit(tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
-                          len(inp.prompt_token_ids) + inp.params.max_tokens * inp.n)
+                          inp.prompt_tokens + inp.params.max_tokens * inp.choices)
     return ApiRequest(oai, inp, tenant, priority, response_id or new_response_id(oai), started,
                       _trace_headers(request), endpoint=endpoint, key_id=key)
 
@@ -123,15 +123,24 @@ async def admit(serving: Serving, oai: OpenAIRequest, caller: tuple[Tenant, str 
 async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
                   started: float) -> Response:
     # the key first: nobody without one gets the body read and parsed
-    caller = authenticate(serving.gateway, request)
-    oai = parse_request(endpoint.url, await read_json(serving.gateway, request))
-    refusal = wrong_model(serving.gateway, oai.model)
+    gateway = serving.gateway
+    config = gateway.config
+    caller = authenticate(gateway, request)
+    oai = parse_request(endpoint.url, await read_json(gateway, request),
+                        config.strict_request_fields)
+    if oai.ignored_fields:
+        log.warning("%s: the request's fields %s are not defined by this API and were ignored",
+                    endpoint.url, ", ".join(sorted(oai.ignored_fields)))
+    if oai.return_tokens_as_token_ids is None:
+        oai.return_tokens_as_token_ids = config.return_tokens_as_token_ids
+    refusal = wrong_model(gateway, oai.model)
     if refusal is not None:
         return refusal
     api = await admit(serving, oai, caller, request, started, endpoint.url)
     tenant, inp, priority = api.tenant, api.inp, api.priority
-    log.debug("request %s: %d prompt tokens, n=%d, tenant %s, priority %d", api.response_id,
-              len(inp.prompt_token_ids), inp.n, tenant.name, priority)
+    log.debug("request %s: %d prompt tokens, %d choices, tenant %s, end user %s, priority %d",
+              api.response_id, inp.prompt_tokens, inp.choices, tenant.name, oai.end_user(),
+              priority)
     if oai.stream:
         # Placement errors become HTTP statuses before the stream opens; a client that leaves
         # before the first token (a long prefill, a queue) takes the request with it.

@@ -23,6 +23,8 @@ class SchedulingRequest:
     cached_blocks: dict[str, int] = field(default_factory=dict)
     tenant: str = ""
     priority: int = 0
+    # where the request's affinity key (prompt_cache_key) last went (services/router/affinity_keys)
+    affinity_workers: frozenset[str] = frozenset()
 
     def cached_tokens(self, worker_id: str) -> int:
         return min(self.prompt_tokens, self.cached_blocks.get(worker_id, 0) * self.block_size)
@@ -58,3 +60,8 @@ class Scorer(abc.ABC):
     @abc.abstractmethod
     def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
         """How good the worker is for the request, in [0, 1] (1 best)."""
+
+    def pins(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        """Whether the request asks for this worker by itself (an affinity key): the picker then
+        keeps it there while the worker is below the sticky threshold, as for a cached prefix."""
+        return False

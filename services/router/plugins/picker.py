@@ -64,16 +64,23 @@ class Picker:
             return 0.0
         return sum(s.weight * s.score(request, worker) for s in scorers) / total_weight
 
-    def _keeps_affinity(self, request: SchedulingRequest, worker: WorkerState) -> bool:
-        cached = request.cached_tokens(worker.worker_id)
-        return (cached > 0 and cached >= self.sticky.min_cached_fraction * request.prompt_tokens
-                and worker.queued_prefill_tokens() < self.sticky.queued_prefill_tokens
+    def _below_sticky(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        return (worker.queued_prefill_tokens() < self.sticky.queued_prefill_tokens
                 and worker.inflight_requests() < self.sticky.inflight_requests
                 and not worker.is_saturated(request.now, self.limits))
 
+    def _keeps_affinity(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        cached = request.cached_tokens(worker.worker_id)
+        return (cached > 0 and cached >= self.sticky.min_cached_fraction * request.prompt_tokens
+                and self._below_sticky(request, worker))
+
     def _warm(self, request: SchedulingRequest, candidates: list[WorkerState]) -> list[WorkerState]:
-        """The workers with the longest meaningful cached prefix among those still below the sticky
-        threshold."""
+        """The workers a scorer pins the request to (its affinity key's), else those with the
+        longest meaningful cached prefix; either only while below the sticky threshold."""
+        pinned = [w for w in candidates if any(s.pins(request, w) for s in self.scorers)
+                  and self._below_sticky(request, w)]
+        if pinned:
+            return pinned
         eligible = [w for w in candidates if self._keeps_affinity(request, w)]
         if not eligible:
             return []

@@ -25,6 +25,20 @@ class PrefixOverlapScorer(Scorer):
         return 1.0 - request.uncached_tokens(worker.worker_id) / request.prompt_tokens
 
 
+@register_scorer
+class AffinityKeyScorer(Scorer):
+    """1 for the workers the request's affinity key (prompt_cache_key) last went to, else 0; and it
+    pins the request there (sticky until saturated, as for a cached prefix)."""
+    name = "affinity_key"
+    affinity = True
+
+    def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
+        return 1.0 if worker.worker_id in request.affinity_workers else 0.0
+
+    def pins(self, request: SchedulingRequest, worker: WorkerState) -> bool:
+        return worker.worker_id in request.affinity_workers
+
+
 class _LoadScorer(Scorer):
     def __init__(self, weight: float, max_stats_age_s: float) -> None:
         super().__init__(weight)
