@@ -19,6 +19,7 @@ SETTINGS = (
     ("baton router (policy)", "baton.services.router.config:RouterConfig"),
     ("baton gateway, baton serve", "baton.services.gateway.config:GatewayConfig"),
     ("baton operator", "baton.operators.settings:OperatorSettings"),
+    ("baton usage", "baton.services.cli.usage:UsageConfig"),
 )
 
 

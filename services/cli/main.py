@@ -21,6 +21,7 @@ COMMANDS = {
     "gateway": ("baton.services.cli.gateway", "serve the OpenAI-compatible HTTP API"),
     "operator": ("baton.services.cli.operator", "run the Kubernetes operator"),
     "run_batch": ("baton.services.cli.run_batch", "run an OpenAI batch file (JSONL) offline"),
+    "usage": ("baton.services.cli.usage", "report the usage records of the gateways' requests"),
     "make_tiny_model": ("baton.services.cli.make_tiny_model",
                         "write a tiny random Hugging Face checkpoint"),
     "bench": ("baton.loadtest.commands.bench", "benchmarks"),

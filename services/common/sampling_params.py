@@ -66,7 +66,9 @@ class SamplingParams:
             (0.0 <= self.temperature <= 100.0, "temperature",
              f"must be in [0, 100], got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= -1, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}"),
+            # the wire's int32 and uint32 bound what reaches a worker
+            (-1 <= self.top_k < 2**31, "top_k",
+             f"must be -1, 0 (disabled) or positive (below 2^31), got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}"),
             (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
              f"must be in (0, 2], got {self.repetition_penalty}"),
@@ -84,7 +86,7 @@ class SamplingParams:
              "logit_bias", "token ids must be non-negative and biases in [-100, 100]"),
             (all(isinstance(s, str) and s
                  for s in self.stop), "stop", "stop strings must be non-empty strings"),
-            (all(isinstance(t, int) and t >= 0
+            (all(isinstance(t, int) and 0 <= t < 2**32
                  for t in self.stop_token_ids), "stop_token_ids", "must be non-negative token ids"),
         ]
         for ok, name, message in checks:

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from baton.services.common.settings import BatonSettings
+from baton.services.state.durations import parse_duration
+from baton.services.state.urls import engine_url
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,41 @@ class GatewayConfig(BatonSettings):
 
     @field_validator("rate_limit_store")
     @classmethod
-    def _valid_store(cls, value: str | None) -> str | None:
+    def _valid_rate_limit_store(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("--rate-limit-store must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    state_store: str = Field(
+        "sqlite:///baton-state.db",
+        description="Where stored responses and usage records live: sqlite:///PATH (a file; a "
+                    "relative PATH is under the working directory) for one gateway, "
+                    "postgresql://USER@HOST:PORT/DB shared by several replicas")
+    state_store_timeout_s: float = Field(
+        5.0, gt=0, description="How long connecting to a PostgreSQL state store may take before "
+                               "the request that needs it is answered 503")
+    response_ttl: str | None = Field(
+        None, description="How long a stored response is kept, e.g. 30d or 12h (unset: until "
+                          "deleted); expired ones are deleted in the background")
+    usage_update_interval_s: float = Field(
+        5.0, gt=0, description="How often the usage records of running requests are brought up "
+                               "to date (and stale records and expired responses swept)")
+    usage_stale_after_s: float = Field(
+        120.0, gt=0,
+        description="A usage record still in progress but not updated for this long belongs to a "
+                    "gateway that died: it is settled 'failed' with what it had served")
+
+    @field_validator("state_store")
+    @classmethod
+    def _valid_store(cls, value: str) -> str:
+        engine_url(value)
+        return value
+
+    @field_validator("response_ttl")
+    @classmethod
+    def _valid_ttl(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
         return value
 
     @field_validator("slos")

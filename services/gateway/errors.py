@@ -2,6 +2,7 @@
 status."""
 from __future__ import annotations
 
+import logging
 import math
 
 from fastapi import FastAPI, Request
@@ -11,6 +12,7 @@ from starlette.requests import ClientDisconnect
 
 from baton.services.openai.errors import ProtocolError
 
+log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
@@ -45,4 +47,5 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed unexpectedly", request.method, request.url.path, exc_info=exc)
         return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")

@@ -66,18 +66,6 @@ class GatewayMetrics:
                                          registry=registry)
         self.rejections = Counter("baton_gateway_rejections", "Requests refused, by reason",
                                   ["reason"], registry=registry)
-        self.rate_limit_store_errors = Counter(
-            "baton_gateway_rate_limit_store_errors",
-            "Rate-limit store calls that failed, by what was decided: admitted (failing open), "
-            "refused (failing closed, 503) or settlement_lost (a finished request's unused "
-            "tokens not given back)", ["decision"], registry=registry)
-        self.rate_limit_store_up = Gauge(
-            "baton_gateway_rate_limit_store_up",
-            "0 while the rate-limit store fails to answer, else 1", registry=registry)
-        self.reserved_tokens = Gauge(
-            "baton_gateway_rate_limit_reserved_tokens",
-            "Tokens reserved by admitted requests that have not ended yet (each is settled to "
-            "what it used when it ends)", registry=registry)
         self.migrations = Counter("baton_gateway_migrations",
                                   "Streams moved to another decode worker", registry=registry)
         self.in_flight = Gauge(self.IN_FLIGHT, "Requests being served",
@@ -91,6 +79,26 @@ class GatewayMetrics:
             "baton_gateway_client_timeouts",
             "Connections closed because a request's head or body came too slowly, by phase",
             ["phase"], registry=registry)
+        self._add_store_metrics(registry)
+
+    def _add_store_metrics(self, registry: CollectorRegistry) -> None:
+        """The shared stores' metrics: the rate-limit store's and the state store's."""
+        self.rate_limit_store_errors = Counter(
+            "baton_gateway_rate_limit_store_errors",
+            "Rate-limit store calls that failed, by what was decided: admitted (failing open), "
+            "refused (failing closed, 503) or settlement_lost (a finished request's unused "
+            "tokens not given back)", ["decision"], registry=registry)
+        self.rate_limit_store_up = Gauge(
+            "baton_gateway_rate_limit_store_up",
+            "0 while the rate-limit store fails to answer, else 1", registry=registry)
+        self.reserved_tokens = Gauge(
+            "baton_gateway_rate_limit_reserved_tokens",
+            "Tokens reserved by admitted requests that have not ended yet (each is settled to "
+            "what it used when it ends)", registry=registry)
+        self.state_store_failures = Counter(
+            "baton_gateway_state_store_failures",
+            "State-store operations that failed (the store unreachable), by operation",
+            ["operation"], registry=registry)
 
     def tenant(self, name: str) -> str:
         return tenant_label(self.tenant_labels, name)

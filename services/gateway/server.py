@@ -26,8 +26,12 @@ from baton.services.gateway.rate_limits.limiter import build_limiter
 from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import KeyStore
+from baton.services.gateway.usage_meter import UsageMeter
 from baton.services.gateway.worker_limits import WorkerLimits
 from baton.services.openai.tool_parsers import parser_for_model
+from baton.services.state.durations import parse_duration
+from baton.services.state.store import StateStore
+from baton.services.state.urls import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,9 @@ def build_gateway(config: GatewayConfig) -> Gateway:
     orchestrator = Orchestrator(
         config.router, config.max_migrations,
         PrefillDeadline(config.prefill_timeout_slo_factor, config.prefill_timeout_s))
+    store = StateStore(config.state_store, config.state_store_timeout_s)
+    ttl_s = parse_duration(config.response_ttl) if config.response_ttl else None
+    meter = UsageMeter(store, metrics.state_store_failures, config.usage_stale_after_s, ttl_s)
     return Gateway(
         config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
         max_model_len=context_length(model_config,
@@ -58,7 +65,8 @@ def build_gateway(config: GatewayConfig) -> Gateway:
         limiter=build_limiter(config, metrics),
         tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer),
         router_health=RouterHealth(orchestrator.channel, config.router_check_interval_s,
-                                   metrics.router_up))
+                                   metrics.router_up),
+        store=store, meter=meter, response_ttl_s=ttl_s)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -90,6 +98,9 @@ def _background(gateway: Gateway, limits: WorkerLimits) -> list[asyncio.Task]:
     """The router health check, the workers' limits and, with auth on, the API-keys reload (on
     SIGHUP too)."""
     tasks: list[asyncio.Task] = [asyncio.ensure_future(limits.watch())]
+    if gateway.meter is not None:
+        tasks.append(asyncio.ensure_future(
+            gateway.meter.watch(gateway.config.usage_update_interval_s)))
     if gateway.router_health is not None:
         tasks.append(asyncio.ensure_future(gateway.router_health.watch()))
     config, reloader = gateway.config, None
@@ -108,6 +119,18 @@ def _background(gateway: Gateway, limits: WorkerLimits) -> list[asyncio.Task]:
     return tasks
 
 
+async def _migrate(gateway: Gateway) -> None:
+    """Brings the state store's schema up to date; a store down now is tried again when a request
+    needs it (requests with `store: false` are served meanwhile)."""
+    if gateway.store is None:
+        return
+    try:
+        await gateway.store.ready()
+    except StoreUnavailable as e:
+        log.warning("state store %s: %s; retried when a request needs it",
+                    gateway.store.describe(), e)
+
+
 async def serve(config: GatewayConfig) -> int:
     setup_tracing("baton-gateway")
     gateway = build_gateway(config)
@@ -115,6 +138,7 @@ async def serve(config: GatewayConfig) -> int:
     port = sock.getsockname()[1]
     limits = WorkerLimits(gateway, gateway.orchestrator.channel, config.router_check_interval_s)
     await limits.first()
+    await _migrate(gateway)
     tasks = _background(gateway, limits)
     probes = None
     if config.metrics_port is not None:
@@ -138,4 +162,6 @@ async def serve(config: GatewayConfig) -> int:
         if probes is not None:
             probes.shutdown()
         await gateway.limiter.close()
+        if gateway.meter is not None:
+            await gateway.meter.drain()
     return 0

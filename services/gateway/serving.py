@@ -25,10 +25,11 @@ from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, R
 from baton.services.gateway.rate_limits.limiter import Reservation
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import Tenant
+from baton.services.gateway.usage_meter import UsageTicket
 from baton.services.openai.endpoints import OpenAIRequest
 from baton.services.openai.engine_input import EngineInput
 from baton.services.openai.render import TokenText
-from baton.services.openai.streaming import ChunkWriter, sse
+from baton.services.openai.streaming import EventWriter, sse
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("baton.gateway")
@@ -49,6 +50,10 @@ class ApiRequest:
     launched: bool = False
     completion_tokens: int = 0  # the choices' outputs so far, summed when each ends
     lora_name: str | None = None  # the LoRA adapter `model` named; None: the base model
+    endpoint: str = ""  # its path, for the usage record
+    key_id: str | None = None  # the API key's id (tenants.key_id), for the usage record
+    usage: UsageTicket | None = None  # its usage record, from its start
+    failed: bool = False  # a choice ended in an error
 
 
 @dataclass
@@ -63,6 +68,15 @@ class Running:
     pending: list[tuple[int, object]] = field(default_factory=list)
     # set once the choices are cancelled: done when they have all unwound
     ended: asyncio.Future | None = None
+    rejected: bool = False  # refused before its first token
+
+    def outcome(self) -> str:
+        """The status of its usage record."""
+        if self.rejected:
+            return "rejected"
+        if self.api.failed:
+            return "failed"
+        return "completed" if all(s.finish_reason for s in self.states) else "cancelled"
 
 
 class StreamedResponse(StreamingResponse):
@@ -70,7 +84,7 @@ class StreamedResponse(StreamingResponse):
     streamed to the end, or cut by the client before or during the stream. Starlette cancels the
     body on a disconnect and may never start it, so the body's own cleanup cannot be relied on."""
 
-    def __init__(self, serving: Serving, running: Running, writer: ChunkWriter) -> None:
+    def __init__(self, serving: Serving, running: Running, writer: EventWriter) -> None:
         super().__init__(serving.stream(running, writer), media_type="text/event-stream")
         self.serving, self.running = serving, running
 
@@ -118,6 +132,10 @@ class Serving:
         ]
         running = Running(api, states, events, tasks, span)
         api.launched = True
+        meter = self.gateway.meter
+        if meter is not None:
+            api.usage = meter.open(api.response_id, api.tenant.name, api.key_id, api.endpoint,
+                                   self.gateway.model_name, api.inp.prompt_tokens, states)
         self.gateway.metrics.in_flight.inc()
         try:
             first = await events.get()
@@ -125,6 +143,7 @@ class Serving:
             self.end(running)
             raise
         if isinstance(first[1], Refused):
+            running.rejected = True
             await self.finish(running)
             raise first[1]
         running.pending.append(first)
@@ -154,6 +173,9 @@ class Serving:
                  "tokens, metadata %s", api.response_id, api.tenant.name, api.oai.end_user(),
                  api.inp.prompt_tokens, sum(len(s.token_ids) for s in running.states),
                  json.dumps(api.oai.metadata) if api.oai.metadata else "none")
+        meter, ticket = self.gateway.meter, running.api.usage
+        if meter is not None and ticket is not None:
+            meter.settle(ticket, running.outcome())
 
     async def finish(self, running: Running) -> None:
         """Ends the request and waits until its choices have unwound (metered, leases released)."""
@@ -196,6 +218,8 @@ class Serving:
         finally:
             # also when cancelled, so the one reading the events is never left waiting
             events.put_nowait((state.index, last))
+            if last is not _END:
+                api.failed = True
             self._meter(api, state, progress, slo)
 
     def _meter(self, api: ApiRequest, state: ChoiceState, progress: ChoiceProgress,
@@ -207,6 +231,8 @@ class Serving:
                 api.started if progress.first_token_at is not None else None)
         if ttft is not None:
             metrics.ttft.observe(ttft)
+            if api.usage is not None:
+                api.usage.saw_ttft(ttft)
         metrics.finish_choice(api.priority, slo if state.finish_reason else None, ttft,
                               time.monotonic() - api.started, tokens)
         metrics.migrations.inc(progress.migrations)
@@ -224,7 +250,7 @@ class Serving:
                 live -= 1
             yield index, item
 
-    async def stream(self, running: Running, writer: ChunkWriter) -> AsyncIterator[str]:
+    async def stream(self, running: Running, writer: EventWriter) -> AsyncIterator[str]:
         """The SSE body, in the endpoint's chunks (`writer`); error events where a choice failed."""
         # per choice: n choices interleave, and ITL is a gap within one
         last_token_at: dict[int, float] = {}

@@ -1,6 +1,6 @@
 """The gateway's state, built once at start (services/gateway/server.py:build_gateway) and shared by
-its routes: configuration, tokenizer, model, the orchestrator, keys, metrics, rate limits and
-readiness."""
+its routes: configuration, tokenizer, model, the orchestrator, keys, metrics, rate limits,
+readiness, and the state store with the usage meter writing to it."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +15,9 @@ from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits.limiter import RateLimiter
 from baton.services.gateway.readiness import RouterHealth
 from baton.services.gateway.tenants import DEFAULT_TENANT, KeyStore, Tenant
+from baton.services.gateway.usage_meter import UsageMeter
 from baton.services.openai.tool_parsers import ToolParser
+from baton.services.state.store import StateStore
 
 
 @dataclass
@@ -36,6 +38,10 @@ class Gateway:
     lora_adapters: frozenset[str] = frozenset()
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
     router_health: RouterHealth | None = None
+    # stored responses and usage records (services/state)
+    store: StateStore | None = None
+    meter: UsageMeter | None = None
+    response_ttl_s: float | None = None  # how long stored responses are kept (None: ever)
     # renders chat templates and tokenizes, so a long prompt does not stall the event loop
     tokenize_pool: ThreadPoolExecutor = field(init=False)
 

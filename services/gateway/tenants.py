@@ -73,6 +73,14 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def key_id(authorization: str | None) -> str | None:
+    """A key's id in usage records: the first 12 hex digits of its SHA-256 (the key itself is
+    never stored). None without a bearer key."""
+    if not authorization or not authorization.lower().startswith("bearer "):
+        return None
+    return digest(authorization[7:].strip())[:12]
+
+
 def _optional_int(entry: dict, key: str) -> int | None:
     value = entry.get(key)
     return None if value is None else int(value)

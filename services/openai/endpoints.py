@@ -1,6 +1,7 @@
 """Which request model each OpenAI endpoint takes, and the ids of its responses. An endpoint added
-(the Responses API is next) is a module with its request model, a line here, a chunk writer in
-streaming and a route in the gateway's routes/."""
+is a module with its request model, a line here, a chunk writer in streaming and a route in the
+gateway's routes/. (The Responses API is served as the chat completion it amounts to:
+responses.py.)"""
 from __future__ import annotations
 
 import uuid

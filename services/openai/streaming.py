@@ -9,7 +9,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from baton.services.common.outputs import TokenLogprobs
 from baton.services.openai.chat import ChatCompletionRequest
@@ -32,6 +32,17 @@ class Delta:
     token_ids: list[int]
     logprobs: list[TokenLogprobs]
     finished: bool
+
+
+class EventWriter(Protocol):
+    """What the gateway streams a response's events through: an endpoint's chunk writer, or the
+    Responses API's event writer (responses_stream)."""
+
+    def opening(self, states: list[Choice]) -> list[str]: ...
+
+    def delta(self, state: Choice, new: Delta) -> str: ...
+
+    def closing(self, states: list[Choice]) -> list[str]: ...
 
 
 class ChunkWriter(ABC):

@@ -154,6 +154,9 @@ def test_bad_bodies_name_the_field(url, body, param, fragment):
     (CHAT, {"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
     (COMPLETIONS, {"prompt": "x", "min_tokens": 20}, "min_tokens"),
     (COMPLETIONS, {"prompt": ""}, "prompt"),
+    # beyond the wire's int32 / uint32: a 400 here, not a failed gRPC call (a 500)
+    (COMPLETIONS, {"prompt": "x", "top_k": 2**40}, "top_k"),
+    (COMPLETIONS, {"prompt": "x", "stop_token_ids": [2**40]}, "stop_token_ids"),
 ])
 def test_bad_values_name_the_field(tokenizer, url, body, param):
     error = refusal(url, body, tokenizer)

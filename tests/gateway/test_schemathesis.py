@@ -21,7 +21,7 @@ CHECKS = [not_a_server_error, content_type_conformance, response_schema_conforma
 def _bounded(body: object) -> object:
     if isinstance(body, dict):
         for key, cap in (("max_tokens", MAX_TOKENS), ("max_completion_tokens", MAX_TOKENS),
-                         ("n", MAX_CHOICES)):
+                         ("max_output_tokens", MAX_TOKENS), ("n", MAX_CHOICES)):
             value = body.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > cap:
                 body[key] = cap

@@ -22,13 +22,15 @@ from baton.services.gateway.orchestrator import Refused
 from baton.services.gateway.rate_limits.store import RateLimited
 from baton.services.gateway.routes.json_route import unknown_model
 from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
-from baton.services.gateway.tenants import AuthError
+from baton.services.gateway.state import Gateway
+from baton.services.gateway.tenants import AuthError, Tenant, key_id
 from baton.services.openai.common import BaseRequest
-from baton.services.openai.endpoints import new_response_id, parse_request
+from baton.services.openai.endpoints import OpenAIRequest, new_response_id, parse_request
 from baton.services.openai.engine_input import EngineInput, to_engine_input
 from baton.services.openai.errors import ProtocolError
 from baton.services.openai.render import build_response
 from baton.services.openai.streaming import ChunkWriter
+from baton.services.state.urls import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,9 +57,14 @@ class Endpoint:
 
 
 async def serve_endpoint(serving: Serving, endpoint: Endpoint, request: Request) -> Response:
-    gateway, started = serving.gateway, time.monotonic()
+    return await answer(serving.gateway, endpoint.url,
+                        _handle(serving, endpoint, request, time.monotonic()))
+
+
+async def answer(gateway: Gateway, url: str, work: Awaitable[Response]) -> Response:
+    """The response `work` makes, or the error response for what it raised; counted by status."""
     try:
-        response = await _handle(serving, endpoint, request, started)
+        response = await work
     except ProtocolError as e:
         response = protocol_error_response(e)
     except AuthError as e:
@@ -69,28 +76,33 @@ async def serve_endpoint(serving: Serving, endpoint: Endpoint, request: Request)
     except Refused as e:
         gateway.metrics.rejections.labels(e.code).inc()
         response = error_response(e.status, e.message, e.code, retry_after_s=e.retry_after_s)
-    gateway.metrics.requests.labels(endpoint.url, str(response.status_code)).inc()
+    except StoreUnavailable as e:
+        gateway.metrics.state_store_failures.labels("responses").inc()
+        response = error_response(503, f"{e}; retry later, or send store: false",
+                                  "state_store_unavailable", retry_after_s=1.0)
+    gateway.metrics.requests.labels(url, str(response.status_code)).inc()
     return response
 
 
-async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
-                  started: float) -> Response:
-    gateway = serving.gateway
+def authenticate(gateway: Gateway, request: Request) -> tuple[Tenant, str | None]:
+    """The caller's tenant and its key's id; AuthError (401) without a valid key."""
+    authorization = request.headers.get("authorization")
+    if gateway.keys is None:
+        return gateway.default_tenant(), key_id(authorization)
+    return gateway.keys.tenant_for(authorization), key_id(authorization)
+
+
+async def read_json(gateway: Gateway, request: Request) -> Any:
+    raw = await read_body(request, gateway.config.max_request_body_bytes)
+    return parse_json(raw, gateway.config.max_json_depth)
+
+
+async def admit(serving: Serving, oai: OpenAIRequest, caller: tuple[Tenant, str | None],
+                request: Request, started: float, endpoint: str,
+                response_id: str | None = None) -> ApiRequest:
+    """Tokenizes the request and passes it through its tenant's rate limits."""
+    gateway, (tenant, key) = serving.gateway, caller
     config = gateway.config
-    # the key first: nobody without one gets the body read and parsed
-    tenant = gateway.keys.tenant_for(request.headers.get("authorization")) if gateway.keys else \
-        gateway.default_tenant()
-    raw = await read_body(request, config.max_request_body_bytes)
-    oai = parse_request(endpoint.url, parse_json(raw, config.max_json_depth),
-                        config.strict_request_fields)
-    if oai.ignored_fields:
-        log.warning("%s: the request's fields %s are not defined by this API and were ignored",
-                    endpoint.url, ", ".join(sorted(oai.ignored_fields)))
-    if oai.return_tokens_as_token_ids is None:
-        oai.return_tokens_as_token_ids = config.return_tokens_as_token_ids
-    refused = unknown_model(gateway, oai.model)
-    if refused is not None:
-        return refused
     # a name other than the base model's is one of the workers' LoRA adapters
     lora_name = oai.model if oai.model not in (None, gateway.model_name) else None
     priority = tenant.priority_for(oai.priority, config.max_request_priority)
@@ -101,17 +113,43 @@ async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
     reservation = await gateway.limiter.admit(
         tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
         _reserved_tokens(oai, inp, config.rate_limit_output_estimate))
-    api = ApiRequest(oai, inp, tenant, priority, new_response_id(oai), started,
-                     _trace_headers(request), reservation, lora_name=lora_name)
+    return ApiRequest(oai, inp, tenant, priority, response_id or new_response_id(oai), started,
+                      _trace_headers(request), reservation, lora_name=lora_name,
+                      endpoint=endpoint, key_id=key)
+
+
+def settle_unless_launched(api: ApiRequest) -> None:
+    """Settles the reservation of a request that never reached the orchestrator (cancelled or
+    refused first): no choice's end will."""
+    if not api.launched:
+        api.reservation.settle(api.inp.prompt_tokens)
+
+
+async def _handle(serving: Serving, endpoint: Endpoint, request: Request,
+                  started: float) -> Response:
+    # the key first: nobody without one gets the body read and parsed
+    gateway = serving.gateway
+    config = gateway.config
+    caller = authenticate(gateway, request)
+    oai = parse_request(endpoint.url, await read_json(gateway, request),
+                        config.strict_request_fields)
+    if oai.ignored_fields:
+        log.warning("%s: the request's fields %s are not defined by this API and were ignored",
+                    endpoint.url, ", ".join(sorted(oai.ignored_fields)))
+    if oai.return_tokens_as_token_ids is None:
+        oai.return_tokens_as_token_ids = config.return_tokens_as_token_ids
+    refusal = unknown_model(gateway, oai.model)
+    if refusal is not None:
+        return refusal
+    api = await admit(serving, oai, caller, request, started, endpoint.url)
+    tenant, inp, priority = api.tenant, api.inp, api.priority
     log.debug("request %s: %d prompt tokens, %d choices, tenant %s, end user %s, priority %d",
               api.response_id, inp.prompt_tokens, inp.choices, tenant.name, oai.end_user(),
               priority)
     try:
         return await _serve(serving, endpoint, request, api)
     finally:
-        if not api.launched:
-            # never reached the orchestrator (cancelled first): no choice will settle it
-            reservation.settle(inp.prompt_tokens)
+        settle_unless_launched(api)
 
 
 def _reserved_tokens(oai: BaseRequest, inp: EngineInput, estimate: int) -> int:
@@ -128,7 +166,7 @@ async def _serve(serving: Serving, endpoint: Endpoint, request: Request,
     if api.oai.stream:
         # Placement errors become HTTP statuses before the stream opens; a client that leaves
         # before the first token (a long prefill, a queue) takes the request with it.
-        first = await _unless_disconnected(request, api, serving.start(api))
+        first = await unless_disconnected(request, api, serving.start(api))
         if first is None:
             return Response(status_code=CLIENT_CLOSED)
         return StreamedResponse(serving, first, endpoint.writer(serving, api))
@@ -137,7 +175,7 @@ async def _serve(serving: Serving, endpoint: Endpoint, request: Request,
     return JSONResponse(body) if body is not None else Response(status_code=CLIENT_CLOSED)
 
 
-async def _unless_disconnected(request: Request, api: ApiRequest,
+async def unless_disconnected(request: Request, api: ApiRequest,
                                work: Awaitable[T]) -> T | None:
     """Awaits work; cancels it and returns None if the client goes away first."""
     task = asyncio.ensure_future(work)
@@ -154,7 +192,7 @@ async def _unless_disconnected(request: Request, api: ApiRequest,
 
 async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[str, Any] | None:
     """Runs a non-streamed request; abandons it and returns None if the client goes away first."""
-    states = await _unless_disconnected(request, api, serving.collect(api))
+    states = await unless_disconnected(request, api, serving.collect(api))
     if states is None:
         return None
     gateway = serving.gateway
