@@ -14,9 +14,10 @@ from baton.operators.workers import served_model_name
 Obj = dict[str, Any]
 KEYS_DIR = "/etc/baton/keys"
 # `baton router --scorers`: least-loaded placement is prefix-aware placement blind to caches
-# (the default scorers with prefix_overlap and affinity_key weighted 0).
+# (the default scorers with prefix_overlap and affinity_key weighted 0); a worker with the
+# request's LoRA adapter loaded still counts, as it saves a load, not a prefill.
 LEAST_LOADED_SCORERS = ("prefix_overlap:0,affinity_key:0,kv_utilization:1,"
-                        "queued_prefill_tokens:1,inflight_requests:1")
+                        "queued_prefill_tokens:1,inflight_requests:1,lora_affinity:1")
 POLICY_ARGS = {"prefix-aware": [], "least-loaded": ["--scorers", LEAST_LOADED_SCORERS]}
 
 

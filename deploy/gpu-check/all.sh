@@ -73,20 +73,24 @@ throughput() {
   tail -8 "$OUT/throughput.txt"
 }
 
-# step: this wave's GPU paths, each where its code has landed
+# step: this wave's GPU paths: the LoRA kernel compiled against its reference, then the 8B shape's
+# LoRA step cost (1/8/32 adapters against the base), the single-rank NCCL path of tensor
+# parallelism, and speculation's verify overhead (random weights: nothing is accepted)
 wave() {
-  local tests=()
-  for t in tests/engine/parallel tests/kernels/test_lora_bgmv.py tests/engine/kv/tiers \
-           tests/engine/test_speculation.py; do
-    [ -e "$t" ] && tests+=("$t")
-  done
-  [ ${#tests[@]} -gt 0 ] || { echo "no wave paths here"; return; }
-  python3 -m pytest -q -p no:cacheprovider -x "${tests[@]}" > "$OUT/wave.txt" 2>&1
-  tail -5 "$OUT/wave.txt"
+  make_model
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lora_bgmv.py > "$OUT/wave_lora_kernel.txt" 2>&1
+  tail -2 "$OUT/wave_lora_kernel.txt"
+  local common=(--model "$MODEL" --device cuda --dtype bfloat16)
+  timeout 120 bash -c "$(declare -f baton); baton bench lora ${common[*]} --batch 32 --context 2048 \
+    --output-json $OUT/lora.json" > "$OUT/lora.txt" 2>&1; tail -5 "$OUT/lora.txt"
+  timeout 90 bash -c "$(declare -f baton); baton bench tp ${common[*]} --sizes 1 --batch-sizes 1,32 \
+    --context 2048 --output-json $OUT/tp.json" > "$OUT/tp.txt" 2>&1; tail -5 "$OUT/tp.txt"
+  timeout 120 bash -c "$(declare -f baton); baton bench spec ${common[*]} --batch-sizes 1,8,64 \
+    --output-json $OUT/spec.json" > "$OUT/spec.txt" 2>&1; tail -5 "$OUT/spec.txt"
 }
 
 # the usual seconds each step takes on an H100 (measured or estimated from its parts)
-declare -A COST=([kernels]=120 [decode]=150 [kv]=90 [handoff]=120 [throughput]=150 [wave]=120)
+declare -A COST=([kernels]=120 [decode]=150 [kv]=90 [handoff]=120 [throughput]=150 [wave]=360)
 
 log "setup"; setup
 for step in $STEPS; do

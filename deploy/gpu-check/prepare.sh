@@ -21,7 +21,8 @@ wanted+='python.dotenv|fastapi|starlette|uvicorn|httpx|httpcore|h11|anyio|sniffi
 wanted+='grpcio|grpcio.health.checking|opentelemetry.api|opentelemetry.sdk|'
 wanted+='opentelemetry.semantic.conventions|psutil|pytest.timeout|pytest.asyncio|transformers|tokenizers|'
 wanted+='safetensors|huggingface.hub|protobuf|typing.extensions|click|llguidance|jsonschema|'
-wanted+='jsonschema.specifications|referencing|rpds.py|attrs|pyyaml|peft'
+wanted+='jsonschema.specifications|referencing|rpds.py|attrs|pyyaml|peft|redis|sqlalchemy|alembic|'
+wanted+='mako|aiosqlite|asyncpg|greenlet'
 pins=$("$PY" -m pip freeze 2>/dev/null | grep -iE "^($wanted)==" || true)
 platform=(--python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
           --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64

@@ -31,7 +31,7 @@ def _place_request() -> PlaceRequest:
     return PlaceRequest("r-1", [5, 6, 7], tenant="acme", cache_salt="salt", priority=-3,
                         max_tokens=64, ttft_slo_s=0.25, tpot_slo_s=0.04,
                         excluded_worker_ids=frozenset({"d2", "d1"}), first_token_at_prefill=True,
-                        affinity_key="conversation-7")
+                        affinity_key="conversation-7", lora_name="support-bot")
 
 
 def test_a_place_request_survives_the_trip_with_every_field() -> None:
@@ -89,7 +89,7 @@ def test_router_stats_survive_the_trip_with_every_pool() -> None:
     pool = PoolStats(workers=3, queued_prefill_tokens=100, inflight_requests=7,
                      mean_kv_utilization=0.5, saturated=1)
     stats = RouterStats({Role.DECODE: pool}, queued_requests=2, leases=9, model="m",
-                        max_model_len=4096)
+                        max_model_len=4096, lora_adapters=("coder", "support-bot"))
     message = router_stats_to_proto(stats)
     [wire] = message.pools
     assert _unset(wire) == [] and _unset(message) == []
@@ -107,14 +107,15 @@ def _worker_stats() -> wpb.WorkerStats:
                            draining=True, block_size=16, model="m", prefill_tokens_per_s=2048.0,
                            decode_step_ms_base=10.0, decode_step_ms_per_sequence=0.5,
                            decode_step_ms_per_ktoken=0.25, decode_step_samples=32, decode_rows=8,
-                           decode_context_tokens=9000, max_model_len=4096)
+                           decode_context_tokens=9000, max_model_len=4096,
+                           lora_adapters=["coder", "support-bot"], loaded_loras=["coder"])
 
 
 READ = {"worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used",
         "kv_blocks_total", "prefill_tokens_queued", "draining", "block_size", "model",
         "prefill_tokens_per_s", "decode_step_ms_base", "decode_step_ms_per_sequence",
         "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens",
-        "max_model_len"}
+        "max_model_len", "lora_adapters", "loaded_loras"}
 # WorkerStats fields the router has no use for (the worker's own dashboards read them).
 NOT_READ = {"recent_step_ms", "num_leases"}
 
@@ -131,6 +132,7 @@ def test_a_load_report_keeps_every_field_the_router_reads() -> None:
     assert (report.prefill_tokens_per_s, report.decode_rows, report.decode_context_tokens,
             report.max_model_len) == (2048.0, 8, 9000, 4096)
     assert report.decode_cost == DecodeCostFit(0.01, 0.0005, 0.25e-6, 32)
+    assert (report.lora_adapters, report.loaded_loras) == ({"coder", "support-bot"}, {"coder"})
     # a field added to WorkerStats is either read above or named as not the router's
     assert set(wpb.WorkerStats.DESCRIPTOR.fields_by_name) == READ | NOT_READ
 
