@@ -12,9 +12,11 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,13 @@ SIM_MODEL = "tiny-llama"  # the embedded model's folder name, which sim workers 
 SIM_BLOCKS = 256
 KV_BLOCKS = 256  # small caches start fast; every test prompt fits many times over
 ONE_THREAD = {"BATON_NUM_THREADS": "1"}
+STATE_DIR = Path(tempfile.mkdtemp(prefix="baton-test-state-"))
+
+
+def private_state_store() -> str:
+    """A state store (SQLite file) of one gateway's own: the gateways of different tests never
+    share, or wait on, one file."""
+    return f"sqlite:///{STATE_DIR / uuid.uuid4().hex}.db"
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -121,6 +130,8 @@ def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 
             *(f"--router-arg={a}" for a in router_args or []),
             f"--gateway-arg=--metrics-port={metrics_port}",
             *(f"--gateway-arg={a}" for a in gateway_args or []),
+            *([] if any(a.startswith("--state-store") for a in gateway_args or [])
+              else [f"--gateway-arg=--state-store={private_state_store()}"]),
             *(["--api-keys-file", str(api_keys_file)] if api_keys_file else [])]
     settings = resolve(build_parser("serve").parse_args(argv))
     services: list[ServiceProcess] = []
@@ -145,7 +156,8 @@ class ServeCommand:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "baton.services.cli.main", "serve", *port_flag, *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **ONE_THREAD, **port_env, **(env or {})})
+            env={**os.environ, **ONE_THREAD, "BATON_STATE_STORE": private_state_store(),
+                 **port_env, **(env or {})})
         self.lines: list[str] = []
         self.ready = threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -247,8 +259,10 @@ def launch_gateway(name: str, router_address: str, *extra: str,
     """The process and its HTTP port; no API keys unless `extra` names a keys file."""
     port = free_port()
     auth = [] if any(a.startswith("--api-keys-file") for a in extra) else ["--no-auth"]
+    own = any(a.startswith("--state-store") for a in extra) or "BATON_STATE_STORE" in (env or {})
+    store = [] if own else [f"--state-store={private_state_store()}"]
     args = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--router", router_address,
-            *auth, *extra]
+            *auth, *store, *extra]
     return launch_service(name, args, env=env), port
 
 

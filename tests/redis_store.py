@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -33,3 +34,12 @@ def saved_level(client: redis.Redis, prefix: str, tenant: str, what: str) -> flo
     """A bucket's level as last written (not refilled to now); None when it has no key."""
     value = client.hget(f"{prefix}{{{tenant}}}:{what}", "level")
     return None if value is None else float(value)
+
+
+@pytest.fixture
+def prefix():
+    """A key prefix of the test's own, its keys removed afterwards (import it as a fixture)."""
+    client = connect()
+    prefix = new_prefix()
+    yield prefix
+    drop(client, prefix)

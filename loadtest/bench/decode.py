@@ -103,12 +103,10 @@ def _sync(engine: LLMEngine) -> None:
         torch.cuda.synchronize(engine.device)
 
 
-def measure(engine: LLMEngine, batch: int, context: int, steps: int, warmup: int,
-            bandwidth_gbps: float | None, seed: int = 0) -> DecodeStepRow:
-    """Times `steps` pure decode steps of `batch` sequences at about `context` tokens, after
-    `warmup` steps."""
-    rng = random.Random(seed + batch * 7919 + context)
-    ids = join_prefilled(engine, f"ds-{batch}-{context}", batch, context, warmup + steps + 2, rng)
+def timed_steps(engine: LLMEngine, ids: list[str], batch: int, steps: int,
+                warmup: int) -> list[float]:
+    """Seconds of each of `steps` engine steps of `batch` decoding sequences, after `warmup`
+    untimed ones; the sequences (`ids`) are aborted at the end."""
     times = []
     try:
         for i in range(warmup + steps):
@@ -124,6 +122,16 @@ def measure(engine: LLMEngine, batch: int, context: int, steps: int, warmup: int
     finally:
         for rid in ids:
             engine.abort_request(rid)
+    return times
+
+
+def measure(engine: LLMEngine, batch: int, context: int, steps: int, warmup: int,
+            bandwidth_gbps: float | None, seed: int = 0) -> DecodeStepRow:
+    """Times `steps` pure decode steps of `batch` sequences at about `context` tokens, after
+    `warmup` steps."""
+    rng = random.Random(seed + batch * 7919 + context)
+    ids = join_prefilled(engine, f"ds-{batch}-{context}", batch, context, warmup + steps + 2, rng)
+    times = timed_steps(engine, ids, batch, steps, warmup)
     median = statistics.median(times)
     floor = None
     if bandwidth_gbps:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from baton.loadtest.bench.decode import timed_steps
 from baton.services.checkpoints.tiny_lora import ATTENTION, MLP, make_tiny_lora
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.llm_engine import LLMEngine
@@ -39,11 +37,6 @@ class LoRARow:
     vs_base: float = 1.0  # median step time over the base model's
 
 
-def _sync(engine: LLMEngine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-
-
 def _join(engine: LLMEngine, adapters: int, batch: int, context: int, max_tokens: int,
           rng: random.Random) -> list[str]:
     vocab = engine.model_config.vocab_size
@@ -65,20 +58,7 @@ def measure(engine: LLMEngine, adapters: int, batch: int, context: int, steps: i
             warmup: int, seed: int = 0) -> LoRARow:
     rng = random.Random(seed + adapters)
     ids = _join(engine, adapters, batch, context, warmup + steps + 2, rng)
-    times = []
-    try:
-        for i in range(warmup + steps):
-            _sync(engine)
-            started = time.perf_counter()
-            outputs = engine.step()
-            _sync(engine)
-            if len(outputs) != batch:
-                raise RuntimeError(f"a step of batch {batch} returned {len(outputs)} outputs")
-            if i >= warmup:
-                times.append(time.perf_counter() - started)
-    finally:
-        for rid in ids:
-            engine.abort_request(rid)
+    times = timed_steps(engine, ids, batch, steps, warmup)
     median = statistics.median(times)
     return LoRARow(adapters, batch, context, len(times), median * 1e3, batch / median)
 

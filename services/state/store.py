@@ -9,9 +9,10 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
@@ -37,6 +38,24 @@ def _upgrade(connection: Connection) -> None:
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
+
+
+# A gateway waits this long for another one's migration of a shared SQLite file, then starts
+# without its store (retried when a request needs it) rather than hang before it serves.
+MIGRATION_LOCK_WAIT_S = 30.0
+
+
+async def _lock_within(lock_file: IO[str], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"another gateway has held {lock_file.name} for over "
+                                       f"{seconds:.0f} s") from None
+            await asyncio.sleep(0.1)
 
 
 class StateStore:
@@ -72,7 +91,11 @@ class StateStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # gateways sharing the file must not each create the tables
             lock_file = open(f"{self.path}.lock", "w")  # noqa: SIM115 (closed below)
-            await asyncio.to_thread(fcntl.flock, lock_file, fcntl.LOCK_EX)
+            try:
+                await _lock_within(lock_file, MIGRATION_LOCK_WAIT_S)
+            except BaseException:
+                lock_file.close()
+                raise
         try:
             async with self.connect() as conn:
                 if not self.sqlite:

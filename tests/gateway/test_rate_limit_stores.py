@@ -10,15 +10,7 @@ import pytest
 
 from baton.services.gateway.rate_limits.memory import MemoryStore
 from baton.services.gateway.rate_limits.redis_store import RedisStore
-from tests.redis_store import REDIS_URL, connect, drop, new_prefix, saved_level
-
-
-@pytest.fixture
-def prefix():
-    client = connect()
-    prefix = new_prefix()
-    yield prefix
-    drop(client, prefix)
+from tests.redis_store import REDIS_URL, connect, prefix, saved_level  # noqa: F401
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -15,7 +15,7 @@ from baton.services.gateway.rate_limits.limiter import RateLimiter
 from baton.services.gateway.rate_limits.memory import MemoryStore
 from baton.services.gateway.rate_limits.redis_store import RedisStore
 from baton.services.gateway.rate_limits.store import RateLimited
-from tests.redis_store import REDIS_URL, connect, drop, new_prefix, saved_level
+from tests.redis_store import REDIS_URL, connect, prefix, saved_level  # noqa: F401
 
 LOGGER = "baton.services.gateway.rate_limits.limiter"
 
@@ -26,14 +26,6 @@ def errors(metrics: GatewayMetrics, decision: str) -> float:
 
 def dead_store() -> RedisStore:
     return RedisStore(f"redis://127.0.0.1:{free_port()}/0", "baton-test:", 2.0)
-
-
-@pytest.fixture
-def prefix():
-    client = connect()
-    prefix = new_prefix()
-    yield prefix
-    drop(client, prefix)
 
 
 def test_settles_once_to_what_was_used(prefix):

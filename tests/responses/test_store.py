@@ -134,3 +134,22 @@ def test_a_store_that_is_down_raises_store_unavailable():
         await store.close()
 
     asyncio.run(run())
+
+
+def test_a_migration_lock_held_too_long_is_a_store_unavailable_not_a_hang(tmp_path, monkeypatch):
+    """A gateway never waits for ever on another one's migration of a shared SQLite file: it
+    starts without its store (retried when a request needs it)."""
+    import fcntl
+
+    from baton.services.state import store as store_module
+    monkeypatch.setattr(store_module, "MIGRATION_LOCK_WAIT_S", 0.5)
+    path = tmp_path / "state.db"
+    with open(f"{path}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process's flock conflicts the same way
+        store = StateStore(f"sqlite:///{path}")
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="held"):
+            asyncio.run(store.ready())
+        assert time.monotonic() - started < 60
+    asyncio.run(store.ready())  # once the lock is free the schema is migrated
+    asyncio.run(store.close())
