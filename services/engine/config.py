@@ -1,12 +1,14 @@
 """The engine's one typed configuration (flags: `--block-size`, env: `BATON_BLOCK_SIZE`, ...)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from baton.services.common.settings import BatonSettings
-from baton.services.engine.speculation.config import parse_speculative_config
+from baton.services.common.model_config import load_config
+from baton.services.engine.speculation.config import check_draft_vocab, parse_speculative_config
 
 
 class EngineConfig(BatonSettings):
@@ -84,9 +86,10 @@ class EngineConfig(BatonSettings):
     speculative_config: str | None = Field(
         None,
         description="Speculative decoding, as vLLM's JSON: method ngram with "
-                    "num_speculative_tokens (1-16), prompt_lookup_min/max and "
-                    "disable_by_batch_size (a step with more sequences does not speculate); "
-                    "other methods and keys are refused")
+                    "num_speculative_tokens (1-16) and prompt_lookup_min/max, or method "
+                    "draft_model with model (a checkpoint sharing the target's vocabulary) and "
+                    "num_speculative_tokens; either with disable_by_batch_size (a step with "
+                    "more sequences does not speculate); other methods and keys are refused")
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, json_schema_extra={"flag_aliases": ["-tp"]},
         description="Ranks the model is sharded over (Megatron-style), one process per rank; on "
@@ -153,6 +156,15 @@ class EngineConfig(BatonSettings):
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                              f"({self.max_loras})")
+        return self
+
+    @model_validator(mode="after")
+    def _draft_shares_the_vocabulary(self) -> EngineConfig:
+        spec = parse_speculative_config(self.speculative_config)
+        # A target that is not a readable checkpoint is reported where the model loads.
+        if spec is not None and self.model is not None and (
+                Path(self.model) / "config.json").is_file():
+            check_draft_vocab(spec, load_config(self.model).vocab_size)
         return self
 
     @field_validator("speculative_config")

@@ -24,7 +24,11 @@ from baton.services.engine.runner import Runner, SimRunnerFactory
 from baton.services.engine.sampler import sample, skip_draws
 from baton.services.engine.scheduler import ScheduledSeq, Scheduler
 from baton.services.engine.sequence import Sequence
-from baton.services.engine.speculation.config import parse_speculative_config
+from baton.services.engine.speculation.config import (SpeculativeConfig, check_draft_vocab,
+                                                      parse_speculative_config)
+from baton.services.engine.speculation.draft_model import build_draft_proposer
+from baton.services.engine.speculation.ngram import NgramProposer
+from baton.services.engine.speculation.proposer import Proposer
 from baton.services.engine.speculation.speculator import Speculator
 from baton.services.engine.stats import EngineCounters, EngineStats
 
@@ -143,8 +147,15 @@ class LLMEngine:
         if config.engine == "sim":
             raise ValueError("speculative decoding needs engine=model: the simulated runner "
                              "scores one position per sequence")
-        return Speculator(spec, self.blocks, self.max_model_len, config.max_num_batched_tokens,
-                          config.seed)
+        return Speculator(spec, self._proposer(spec), self.blocks, self.max_model_len,
+                          config.max_num_batched_tokens, config.seed)
+
+    def _proposer(self, spec: SpeculativeConfig) -> Proposer:
+        if spec.method == "ngram":
+            return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        check_draft_vocab(spec, self.model_config.vocab_size)
+        return build_draft_proposer(self.config, spec, self.blocks, self.dtype, self.device,
+                                    self.max_model_len)
 
     @property
     def seqs(self) -> dict[str, Sequence]:

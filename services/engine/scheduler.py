@@ -17,6 +17,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import torch
+
 from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.kv.tiers.jobs import Load, TierHit
 from baton.services.engine.kv.tiers.manager import TierManager
@@ -32,6 +34,9 @@ class ScheduledSeq:
     # Speculative decoding: proposed tokens run after the last one, each position sampling; they
     # are not the sequence's until verified (speculation/speculator.py).
     draft: list[int] = field(default_factory=list)
+    # [len(draft), vocab]: the distributions a sampled draft was drawn from (None: drawn
+    # deterministically), which the rejection sampler weighs it by
+    draft_probs: torch.Tensor | None = None
 
     @property
     def num_positions(self) -> int:

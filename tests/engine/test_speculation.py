@@ -9,6 +9,7 @@ from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.metrics import EngineCollector
+from baton.services.engine.speculation.proposer import SequenceProposer
 from tests.engine.engine_helpers import random_prompts
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, ' \
@@ -16,7 +17,7 @@ NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1
 MAX_TOKENS = 32
 
 
-class OracleProposer:
+class OracleProposer(SequenceProposer):
     """Drafts the reference continuation, wrong at every third draft's second token: drafts are
     then fully accepted, partly accepted and rejected at their first token, in turn."""
 

@@ -31,8 +31,10 @@ def test_ngram_config_with_vllm_defaults():
     ('{"method": "ngram"}', "num_speculative_tokens is required"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, '
      '"prompt_lookup_max": 2}', "prompt_lookup_min (4) is above"),
-    ('{"method": "draft_model", "model": "x", "num_speculative_tokens": 2}',
-     "'draft_model' is not supported"),
+    ('{"method": "draft_model", "model": "/no/such/dir", "num_speculative_tokens": 2}',
+     "draft model '/no/such/dir' is not a checkpoint folder"),
+    ('{"model": "/no/such/dir", "num_speculative_tokens": 2}', "is not a checkpoint folder"),
+    ('{"method": "draft_model", "num_speculative_tokens": 2}', "needs model"),
     ('{"method": "eagle3", "model": "x", "num_speculative_tokens": 2}', "'eagle3' is not"),
     ('{"method": "guess", "num_speculative_tokens": 2}', "unknown method 'guess'"),
     ('{"method": "ngram", "model": "m", "num_speculative_tokens": 2}', "takes no draft model"),

@@ -1,22 +1,28 @@
 """vLLM's `--speculative-config` JSON, parsed and checked up front.
 
-Only what is built is accepted: the n-gram (prompt lookup) proposer. vLLM's other methods are
-refused by name, and so is every key this engine does not read, rather than ignored.
+Only what is built is accepted: the n-gram (prompt lookup) proposer and a draft model (`model`: a
+checkpoint folder; vLLM's `method: "draft_model"`, or a `model` with no method). vLLM's other
+methods are refused by name, and so is every key this engine does not read, rather than ignored.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from baton.services.common.model_config import load_config
 
 # Bounds on num_speculative_tokens: a verify step computes 1 + k positions per sequence.
 MIN_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS = 1, 16
 KNOWN_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
               "prompt_lookup_max", "disable_by_batch_size")
 # vLLM's other methods: named so that asking for one gets a clear refusal, not "unknown method".
-UNBUILT_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
+UNBUILT_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
                    "suffix")
 # vLLM's default prompt lookup window when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
+NGRAM_NAMES = ("ngram", "[ngram]")
+SUPPORTED = "supported: 'ngram', 'draft_model'"
 
 
 class SpeculativeConfigError(ValueError):
@@ -27,10 +33,13 @@ class SpeculativeConfigError(ValueError):
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
+    # method ngram's window of suffix lengths (0 for a draft model)
     prompt_lookup_min: int
     prompt_lookup_max: int
     # A step with more running sequences than this does not speculate (None: always speculates).
     disable_by_batch_size: int | None = None
+    # method draft_model: the draft's checkpoint folder
+    model: str | None = None
 
 
 def _int(raw: dict, key: str, low: int, high: int | None = None) -> int | None:
@@ -47,19 +56,55 @@ def _int(raw: dict, key: str, low: int, high: int | None = None) -> int | None:
 
 def _method(raw: dict) -> str:
     method, model = raw.get("method"), raw.get("model")
-    if method is None and model in ("ngram", "[ngram]"):
-        method = "ngram"  # vLLM's older spelling: the method given as the model
+    if method is None and model is not None:
+        # vLLM's older spelling: the method given as the model, else the model is a draft
+        method = "ngram" if model in NGRAM_NAMES else "draft_model"
     if method in UNBUILT_METHODS:
         raise SpeculativeConfigError(
             f"speculative config: method {method!r} is not supported by this engine yet; "
-            "supported: 'ngram'")
-    if method not in ("ngram", "[ngram]"):
+            f"{SUPPORTED}")
+    if method == "draft_model":
+        return method
+    if method not in NGRAM_NAMES:
         raise SpeculativeConfigError(
-            f"speculative config: unknown method {method!r}; supported: 'ngram'")
-    if model not in (None, "ngram", "[ngram]"):
+            f"speculative config: unknown method {method!r}; {SUPPORTED}")
+    if model not in (None, *NGRAM_NAMES):
         raise SpeculativeConfigError(
             f"speculative config: method 'ngram' takes no draft model, got model {model!r}")
     return "ngram"
+
+
+def _draft_model(raw: dict) -> str:
+    """The draft's folder, which must be a checkpoint this engine runs."""
+    model = raw.get("model")
+    if not model or not isinstance(model, str):
+        raise SpeculativeConfigError(
+            "speculative config: method 'draft_model' needs model, the draft's checkpoint folder")
+    if not (Path(model) / "config.json").is_file():
+        raise SpeculativeConfigError(
+            f"speculative config: draft model {model!r} is not a checkpoint folder (no "
+            "config.json there)")
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if key in raw:
+            raise SpeculativeConfigError(
+                f"speculative config: {key} applies to method 'ngram' only")
+    return model
+
+
+def check_draft_vocab(config: SpeculativeConfig, target_vocab_size: int) -> None:
+    """A draft proposes token ids of the target's vocabulary: the two must have the same size."""
+    if config.model is None:
+        return
+    try:
+        draft_vocab = load_config(config.model).vocab_size
+    except (OSError, ValueError) as e:
+        raise SpeculativeConfigError(
+            f"speculative config: draft model {config.model!r} cannot be served: {e}") from None
+    if draft_vocab != target_vocab_size:
+        raise SpeculativeConfigError(
+            f"speculative config: draft model {config.model!r} has a vocabulary of "
+            f"{draft_vocab} tokens, the target {target_vocab_size}; a draft must share the "
+            "target's tokenizer and vocabulary")
 
 
 def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | None:
@@ -87,9 +132,12 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
         raise SpeculativeConfigError(
             "speculative config: num_speculative_tokens is required (between "
             f"{MIN_SPECULATIVE_TOKENS} and {MAX_SPECULATIVE_TOKENS})")
+    cutoff = _int(raw, "disable_by_batch_size", 1)
+    if method == "draft_model":
+        return SpeculativeConfig(method, k, 0, 0, cutoff, _draft_model(raw))
     low, high = _int(raw, "prompt_lookup_min", 1), _int(raw, "prompt_lookup_max", 1)
     low, high = (low or high or DEFAULT_PROMPT_LOOKUP), (high or low or DEFAULT_PROMPT_LOOKUP)
     if low > high:
         raise SpeculativeConfigError(
             f"speculative config: prompt_lookup_min ({low}) is above prompt_lookup_max ({high})")
-    return SpeculativeConfig(method, k, low, high, _int(raw, "disable_by_batch_size", 1))
+    return SpeculativeConfig(method, k, low, high, cutoff)

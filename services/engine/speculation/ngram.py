@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from baton.services.engine.speculation.proposer import SequenceProposer
 
-class NgramProposer:
+
+class NgramProposer(SequenceProposer):
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max

@@ -1,7 +1,8 @@
 """Speculation inside an engine step: drafts before the forward pass, verification after it, and
 the KV of rejected positions given back.
 
-A decode item gets a draft (n-gram proposer) and the blocks its positions need; the forward pass
+A decode item gets a draft (from the n-gram proposer or a draft model, speculation/proposer.py) and
+the blocks its positions need; the forward pass
 computes its last token and the draft in one chunk, every position sampling. Verification keeps the
 accepted prefix and one token more, which go through the output processor like any step's tokens;
 the sequence's computed count covers only what was accepted, only blocks full of accepted tokens are
@@ -21,29 +22,33 @@ from baton.services.engine.sampler import apply_logit_bias, filter_probs, sample
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import SpeculativeConfig
-from baton.services.engine.speculation.ngram import NgramProposer
+from baton.services.engine.speculation.proposer import Proposer
 from baton.services.engine.speculation.rejection import rejection_sample, verify_greedy
 from baton.services.engine.speculation.stats import SpecDecodeStats
 from baton.services.engine.structured.masks import BatchMasks
 
 
-def speculates(seq: Sequence) -> bool:
-    """Whether seq may decode with a draft (see the module's docstring)."""
+def may_speculate(seq: Sequence) -> bool:
+    """Whether seq may ever decode with a draft (see the module's docstring)."""
     p = seq.params
     return (seq.grammar is None and not p.has_penalties and not seq.hold_kv
-            and seq.prompt_logprobs is None and seq.num_output_tokens >= max(1, p.min_tokens)
-            and (p.greedy or seq.generator is None))
+            and seq.prompt_logprobs is None and (p.greedy or seq.generator is None))
+
+
+def speculates(seq: Sequence) -> bool:
+    """Whether seq may decode with a draft now."""
+    return may_speculate(seq) and seq.num_output_tokens >= max(1, seq.params.min_tokens)
 
 
 class Speculator:
 
-    def __init__(self, config: SpeculativeConfig, blocks: BlockManager, max_model_len: int,
-                 max_num_batched_tokens: int, seed: int) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, blocks: BlockManager,
+                 max_model_len: int, max_num_batched_tokens: int, seed: int) -> None:
         self.config = config
+        self.proposer = proposer
         self.blocks = blocks
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         # Its own CPU stream: verification draws on host copies of a few rows.
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * config.num_speculative_tokens)
@@ -55,21 +60,25 @@ class Speculator:
         if cutoff is not None and len(scheduled) > cutoff:
             return
         budget = self.max_num_batched_tokens - sum(s.num_tokens for s in scheduled)
+        wanted = []
         for item in scheduled:
             seq = item.seq
             if budget <= 0:
-                return
+                break
             if item.num_tokens != 1 or not item.samples or not speculates(seq):
                 continue
             # The bonus token always comes: a draft never reaches past max_tokens or the context.
             room = min(self.config.num_speculative_tokens, budget,
                        seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - seq.num_tokens)
-            draft = self.proposer.propose(seq.token_ids, room) if room > 0 else []
-            if draft and self.blocks.can_grow(seq, seq.num_tokens + len(draft)):
-                self.blocks.grow(seq, seq.num_tokens + len(draft))
-                item.draft = draft
-                budget -= len(draft)
+            if room > 0:
+                wanted.append((item, room))
+                budget -= room
+        for (item, _), draft in zip(wanted, self.proposer.draft(scheduled, wanted)):
+            seq, tokens = item.seq, draft.tokens
+            if tokens and self.blocks.can_grow(seq, seq.num_tokens + len(tokens)):
+                self.blocks.grow(seq, seq.num_tokens + len(tokens))
+                item.draft, item.draft_probs = tokens, draft.probs
 
     def verify(self, items: list[ScheduledSeq], logits: torch.Tensor, generator: torch.Generator,
                eos_ids: frozenset[int], masks: BatchMasks | None
@@ -92,7 +101,7 @@ class Speculator:
         for i, item in enumerate(items):
             if item.draft:
                 rows = logits[starts[i]:starts[i] + 1 + len(item.draft)]
-                tokens[i], logprobs[i] = self._verify(item.seq, item.draft, rows)
+                tokens[i], logprobs[i] = self._verify(item, rows)
                 self._commit(item.seq, tokens[i][:-1])
         return tokens, logprobs
 
@@ -110,9 +119,10 @@ class Speculator:
         del seq.token_ids[-len(accepted):]
 
     @torch.inference_mode()
-    def _verify(self, seq: Sequence, draft: list[int],
+    def _verify(self, item: ScheduledSeq,
                 logits: torch.Tensor) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(draft) + 1, vocab], row j scoring the token after draft[:j]."""
+        seq, draft = item.seq, item.draft
         p = seq.params
         raw = logits.log_softmax(dim=1) if p.logprobs is not None else None
         logits = logits.clone()
@@ -122,7 +132,7 @@ class Speculator:
             out = verify_greedy(logits.argmax(dim=1).tolist(), draft)
         else:
             probs = filter_probs(logits, rows).to("cpu", torch.float64)
-            out = rejection_sample(probs, draft, None, self.generator)
+            out = rejection_sample(probs, draft, item.draft_probs, self.generator)
         self.stats.record(len(draft), len(out) - 1)
         if raw is None:
             return out, [None] * len(out)
