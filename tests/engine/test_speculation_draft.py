@@ -62,23 +62,42 @@ def assert_all_blocks_free(engine: LLMEngine) -> None:
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+def staggered(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    """Two long requests, then two short ones a few steps in: with disable_by_batch_size 2 the
+    long ones draft, stop while the short ones run, and draft again after them."""
+    long = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2)
+    short = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    done = {}
+    for i, prompt in enumerate(prompts):
+        if i == 2:
+            for _ in range(4):
+                done.update((o.request_id, o) for o in engine.step() if o.finished)
+        engine.add_request(str(i), prompt, long if i < 2 else short)
+    while engine.has_unfinished_requests():
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    return [done[str(i)] for i in range(len(prompts))]
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_with_a_draft_equals_no_speculation(tiny_model_dirs, drafts, prompts, arch):
-    plain, _ = run(tiny_model_dirs[arch], prompts, GREEDY)
+    plain = staggered(LLMEngine(EngineConfig(model=str(tiny_model_dirs[arch]),
+                                             num_kv_blocks=256, block_size=4)), prompts)
+    spec = draft_config(drafts[arch], disable_by_batch_size=2)
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs[arch]), num_kv_blocks=256,
-                                    block_size=4, speculative_config=draft_config(drafts[arch])))
+                                    block_size=4, speculative_config=spec))
     recorder = engine.speculator.proposer = DraftRecorder(engine.speculator.proposer)
-    spec = engine.generate(prompts, GREEDY)
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    for a, b in zip(spec, plain):
-        assert [lp.logprob for lp in a.logprobs] == pytest.approx(
-            [lp.logprob for lp in b.logprobs], abs=1e-4)
+    got = staggered(engine, prompts)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    for a, b in zip(got, plain):
+        assert [lp.logprob for lp in a.logprobs or []] == pytest.approx(
+            [lp.logprob for lp in b.logprobs or []], abs=1e-4)
     stats = engine.speculator.stats
     # Drafts were accepted in part: rejected positions' draft KV was rolled back and rewritten.
     assert stats.accepted_per_pos[-1] > 0 and 0.1 < stats.acceptance_rate < 0.9
     assert_all_blocks_free(engine)
     # Every draft is the draft model's own greedy continuation of what the sequence held then:
-    # the draft's KV, caught up and rolled back step by step, is what a fresh run computes.
+    # the draft's KV, caught up after skipped steps and rolled back after rejections, is what a
+    # fresh run computes.
     contexts = [tokens for tokens, _ in recorder.drafts]
     alone = LLMEngine(EngineConfig(model=str(drafts[arch]), num_kv_blocks=1024, block_size=4))
     fresh = alone.generate(contexts, [SamplingParams(max_tokens=len(d), temperature=0.0,
