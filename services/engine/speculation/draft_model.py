@@ -26,11 +26,12 @@ import torch
 from baton.services.common.model_config import context_length, load_config
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv.block_manager import BlockManager
+from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.model_runner import ModelRunner
 from baton.services.engine.sampler import apply_logit_bias, filter_probs
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
-from baton.services.engine.speculation.config import SpeculativeConfig
+from baton.services.engine.speculation.config import SpeculativeConfig, SpeculativeConfigError
 from baton.services.engine.speculation.proposer import Draft
 from baton.services.engine.speculation.speculator import may_speculate
 
@@ -186,13 +187,20 @@ def build_draft_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
                          dtype: torch.dtype, device: torch.device,
                          max_model_len: int) -> DraftModelProposer:
     """The draft's model and cache, beside the target's (its dtype and device, as many blocks);
-    raises SpeculativeConfigError when its vocabulary is not the target's."""
+    raises SpeculativeConfigError when its cache does not fit."""
     config = load_config(spec.model)
     # The draft's rotary tables and graphs are sized to the longest sequence it scores.
     max_len = min(context_length(config), max_model_len)
     settings = engine.model_copy(update={"model": spec.model, "num_kv_blocks": blocks.num_blocks,
                                          "kv_cache_memory_gib": None})
-    runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)
+    try:
+        runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)
+    except KVCacheTooLarge as e:
+        # The target's cache was sized from memory without it: say how to make room for both.
+        raise SpeculativeConfigError(
+            f"speculative config: the draft model's KV cache ({blocks.num_blocks} blocks, as many "
+            f"as the target's) does not fit beside the target's; set --num-kv-blocks or "
+            f"--kv-cache-memory-gib so that both fit ({e})") from None
     log.info("draft model %s: %d KV blocks beside the target's, %d positions", spec.model,
              runner.num_blocks, max_len)
     return DraftModelProposer(runner, blocks, max_len, engine.seed)
