@@ -25,7 +25,8 @@ from pathlib import Path
 
 from baton.services.cli.serve_config import ServeSettings, add_arguments, resolve
 from baton.services.cli.serve_preflight import (check_command, check_keys_file, check_model,
-                                                check_port, check_tensor_parallel)
+                                                check_port, check_tensor_parallel,
+                                                worker_tp_size)
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 from baton.services.common.settings import settings_to_flags
 from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
@@ -74,32 +75,39 @@ def memory_shares(roles: Sequence[str], total: float,
 
 @dataclass
 class Planned:
-    """A service to start: its name and `baton` arguments."""
+    """A service to start: its name and `baton` arguments (a worker's: its tensor-parallel
+    size)."""
     name: str
     args: list[str]
+    tensor_parallel_size: int = 1
 
 
 def plan_workers(settings: ServeSettings, model: str, name: str) -> list[Planned]:
     """Each worker's command line, on free loopback ports: the engine settings as given, its share
-    of the GPU, then --worker-arg and the role's own extra arguments (the last word wins)."""
+    of the GPU, then --worker-arg and the role's own extra arguments (the last word wins, the
+    tensor-parallel size included: a pool's ranks may differ from the other pool's)."""
     engine, extra = settings.engine, settings.extra
     worker_roles = roles(settings)
     shares = memory_shares(worker_roles, engine.gpu_memory_utilization,
                            settings.serve.prefill_memory_share)
+    given = settings_to_flags(engine, [n for n in EngineConfig.model_fields if n not in PER_WORKER])
+    own = {role: [*extra["worker_arg"], *(extra["prefill_worker_arg"] if role == "prefill"
+                                          else extra["decode_worker_arg"])]
+           for role in set(worker_roles)}
+    sizes = {role: worker_tp_size([*given, *args], engine.tensor_parallel_size)
+             for role, args in own.items()}
     # One core per process (each tensor-parallel rank is one) where there are enough; torch's
     # default (all cores per process) would oversubscribe.
     threads = engine.num_threads or max(
-        1, (os.cpu_count() or 1) // (len(worker_roles) * engine.tensor_parallel_size))
-    given = settings_to_flags(engine, [n for n in EngineConfig.model_fields if n not in PER_WORKER])
+        1, (os.cpu_count() or 1) // sum(sizes[role] for role in worker_roles))
     planned = []
     for i, (role, share) in enumerate(zip(worker_roles, shares)):
-        own = extra["prefill_worker_arg"] if role == "prefill" else extra["decode_worker_arg"]
         planned.append(Planned(f"{role}-worker-{i}", [
             "worker", "--role", role, "--host", "127.0.0.1", "--port", str(free_port()),
             "--kv-port", str(free_port()), "--metrics-port", str(free_port()),
             f"--kv-transport={settings.serve.kv_transport}", f"--model={model}",
             f"--served-model-name={name}", f"--gpu-memory-utilization={share:.4f}",
-            f"--num-threads={threads}", *given, *extra["worker_arg"], *own]))
+            f"--num-threads={threads}", *given, *own[role]], sizes[role]))
     return planned
 
 
@@ -135,11 +143,12 @@ def start_stack(settings: ServeSettings, model: str, name: str, started: list[Se
     """Starts every service in dependency order, each put at the front of `started` (the order to
     stop them), so a failure part-way still stops what did start; returns the gateway."""
     launched = []
-    for planned in workers or plan_workers(settings, model, name):
+    planned_workers = workers or plan_workers(settings, model, name)
+    for planned in planned_workers:
         launched.append(launch_service(planned.name, planned.args))
         started.insert(0, launched[-1])
     # Each tensor-parallel rank is one more process starting on the same cores.
-    ready_s = WORKER_READY_S * settings.engine.tensor_parallel_size
+    ready_s = WORKER_READY_S * max(w.tensor_parallel_size for w in planned_workers)
     addresses = [w.wait_ready(ready_s).address for w in launched]
     router = launch_service("router", router_args(settings, name, addresses))
     started.insert(0, router)
@@ -175,8 +184,9 @@ def _prepare(args: argparse.Namespace) -> tuple[ServeSettings, str, str, list[Pl
     check_keys_file(settings.gateway.api_keys_file, settings.auth)
     check_port(settings.gateway.host, settings.gateway.port)
     model, name = _model_and_name(settings)
-    check_tensor_parallel(model, settings.engine.tensor_parallel_size, settings.serve.mode)
     workers = plan_workers(settings, model, name)
+    check_tensor_parallel(model, {w.args[2]: w.tensor_parallel_size for w in workers},
+                          settings.serve.kv_transport)
     check_commands(settings, workers, model, name)
     return settings, model, name, workers
 
