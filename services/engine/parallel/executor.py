@@ -88,6 +88,9 @@ class Executor:
                              max_model_len, kv_blocks_wanted,
                              logging.getLogger().getEffectiveLevel())
         self.conns: list[socket.socket] = []
+        # Steps go out from the engine thread; LoRA's decisions may come from another (a
+        # runtime adapter load): one frame at a time.
+        self._send_lock = threading.Lock()
         self._closing = False
 
     def _host(self) -> str:
@@ -126,7 +129,8 @@ class Executor:
         return rank
 
     def send(self, message: Any) -> None:
-        channel.send(self.conns, message)
+        with self._send_lock:
+            channel.send(self.conns, message)
 
     def _watch(self) -> None:
         try:
