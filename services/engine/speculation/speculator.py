@@ -2,11 +2,11 @@
 the KV of rejected positions given back.
 
 A decode item gets a draft (from the n-gram proposer or a draft model, speculation/proposer.py) and
-the blocks its positions need; the forward pass
-computes its last token and the draft in one chunk, every position sampling. Verification keeps the
-accepted prefix and one token more, which go through the output processor like any step's tokens;
-the sequence's computed count covers only what was accepted, only blocks full of accepted tokens are
-hashed into the prefix cache, and the blocks only rejected positions reached go back.
+the blocks its positions need; the forward pass computes its last token and the draft in one chunk,
+every position sampling. Verification keeps the accepted prefix and one token more, which go through
+the output processor like any step's tokens; the sequence's computed count covers only what was
+accepted, only blocks full of accepted tokens are hashed into the prefix cache, and the blocks only
+rejected positions reached go back.
 
 A sequence whose next-token distribution depends on the tokens before it in ways this does not
 track (penalties, a grammar, min_tokens still pending, prompt logprobs) or whose seeded stream must
