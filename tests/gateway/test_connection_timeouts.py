@@ -12,8 +12,7 @@ import time
 import openai
 import pytest
 
-from baton.services.common.process import ServiceProcess
-from tests.launcher import launch_gateway, launch_router, launch_sim_worker, scrape
+from tests.launcher import scrape, sim_gateway
 
 DEADLINE_S = 1.0
 SLACK_S = 4.0  # a loaded test machine fires timers late, never early
@@ -23,20 +22,10 @@ HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: applica
 @pytest.fixture(scope="module")
 def port():
     """A sim worker (50 ms per step), a router and a gateway with one-second deadlines."""
-    started: list[ServiceProcess] = []
-    try:
-        worker, address = launch_sim_worker("worker", "--sim-step-base-seconds", "0.05")
-        started.append(worker.wait_ready())
-        router, _ = launch_router("router", "--workers", address)
-        started.append(router.wait_ready())
-        gateway, port = launch_gateway(
-            "gateway", router.address, "--slos=", f"--http-idle-timeout-s={DEADLINE_S}",
-            f"--http-header-timeout-s={DEADLINE_S}", f"--http-body-timeout-s={DEADLINE_S}")
-        started.append(gateway.wait_ready())
+    with sim_gateway("--slos=", f"--http-idle-timeout-s={DEADLINE_S}",
+                     f"--http-header-timeout-s={DEADLINE_S}",
+                     f"--http-body-timeout-s={DEADLINE_S}") as port:
         yield port
-    finally:
-        for service in reversed(started):
-            service.terminate()
 
 
 def exchange(port: int, chunks: list[bytes], gap_s: float = 0.0) -> tuple[bytes, float]:
