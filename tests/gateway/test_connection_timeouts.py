@@ -15,7 +15,7 @@ import pytest
 from tests.launcher import scrape, sim_gateway
 
 DEADLINE_S = 1.0
-SLACK_S = 4.0  # a loaded test machine fires timers late, never early
+SLACK_S = 8.0  # a loaded test machine fires timers late (seconds late on 2 busy cores), never early
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
 
 
@@ -63,10 +63,10 @@ def test_half_a_head_is_answered_408(port):
 
 
 def test_a_trickled_head_does_not_push_the_deadline_back(port):
-    # a byte every 100 ms, 8 s in all: a deadline counted from the last byte would never pass
+    # a byte every 150 ms, about 12 s in all: a deadline counted from the last byte would never pass
     trickle = [HEAD[i:i + 1] for i in range(len(HEAD))]
-    assert len(trickle) * 0.1 > DEADLINE_S + SLACK_S
-    received, closed_after = exchange(port, trickle, gap_s=0.1)
+    assert len(trickle) * 0.15 > DEADLINE_S + SLACK_S
+    received, closed_after = exchange(port, trickle, gap_s=0.15)
     assert_408(received, "head")
     assert closed_after < DEADLINE_S + SLACK_S
 
