@@ -92,7 +92,8 @@ class Executor:
                              logging.getLogger().getEffectiveLevel())
         self.conns: list[socket.socket] = []
         self._closing = False
-        # Steps go out from the engine's thread, rank tasks from others: one frame at a time.
+        # Steps go out from the engine's thread; rank tasks and LoRA's decisions (a runtime
+        # adapter load) may come from others: one frame at a time.
         self._send_lock = threading.Lock()
         self.replies = Replies()
         self._task_ids = itertools.count(1)

@@ -17,7 +17,7 @@ from baton.services.engine.parallel import channel
 from baton.services.engine.parallel.executor import RankSpec, set_cpu_threads
 from baton.services.engine.parallel.rank_tasks import RankContext, RankReply, RankTask
 from baton.services.engine.parallel.state import destroy_tp, init_tp
-from baton.services.engine.parallel.step_sync import StepDecoder
+from baton.services.engine.parallel.step_sync import StepDecoder, StepMessage
 
 log = logging.getLogger(__name__)
 
@@ -29,24 +29,32 @@ def _device(spec: RankSpec) -> torch.device:
 
 def serve(spec: RankSpec) -> None:
     """Runs rank spec.rank until rank 0 says stop; raises ChannelClosed when rank 0 is gone."""
+    from baton.services.engine.lora.replicas import LoRAFollower
     from baton.services.engine.model_runner import ModelRunner
     set_cpu_threads(spec.engine, spec.device_type)
     conn = channel.connect(spec.host, spec.channel_port, spec.rank, timeout_s=60)
     device = _device(spec)
     init_tp(spec.rank, spec.size, spec.init_method, device,
             spec.engine.distributed_timeout_seconds)
+    lora: LoRAFollower | None = None
     try:
         config = load_config(spec.model_dir)
         runner = ModelRunner(spec.engine, config, spec.model_dir, spec.dtype, device,
                              spec.max_model_len, spec.kv_blocks_wanted, follower=True)
+        if runner.lora is not None:
+            lora = LoRAFollower(spec.engine, config, runner.lora)
         decoder = StepDecoder()
         tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config))
         while (message := channel.recv(conn)) is not None:
-            if isinstance(message, RankTask):
-                tasks.run(message)
-            else:
+            if isinstance(message, StepMessage):
                 runner.execute_follower(decoder.decode(message), message.score_rows)
+            elif isinstance(message, RankTask):
+                tasks.run(message)
+            else:  # rank 0's LoRA manager's decisions, the only other messages
+                lora.apply(message)
     finally:
+        if lora is not None:
+            lora.close()
         conn.close()
         destroy_tp()
 
