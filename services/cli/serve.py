@@ -169,8 +169,8 @@ def start_stack(settings: ServeSettings, models: Sequence[ModelPlan],
     for planned in planned_workers:
         launched.append(launch_service(planned.name, planned.args))
         started.insert(0, launched[-1])
-    # Each tensor-parallel rank is one more process starting on the same cores.
-    ready_s = WORKER_READY_S * max(w.tensor_parallel_size for w in planned_workers)
+    # Every worker's ranks start at once on the same cores: each rank is one more process there.
+    ready_s = WORKER_READY_S * sum(w.tensor_parallel_size for w in planned_workers)
     addresses = [w.wait_ready(ready_s).address for w in launched]
     router = launch_service("router", router_args(settings, models, addresses))
     started.insert(0, router)

@@ -14,7 +14,7 @@ import pytest
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.offline import run_requests
-from tests.launcher import ServeCommand, scrape
+from tests.launcher import ServeCommand, scrape, wait_for
 
 # Several blocks of KV each (16 tokens a block), so the reads span blocks.
 PROMPTS = [f"Tale {i}: in a land far away, beyond the hills and the rivers and the old "
@@ -58,7 +58,9 @@ def test_disaggregated_across_tp_sizes_answers_as_tp1(expected, prefill_tp, deco
                          f"--decode-worker-arg=-tp={decode_tp}",
                          "--decode-worker-arg=--transfer-failure-policy=fail")
     try:
-        assert serve.ready.wait(900), "\n".join(serve.lines)
+        wait_for(lambda: serve.ready.is_set() or serve.process.poll() is not None, timeout=900,
+                 what="baton serve ready")
+        assert serve.ready.is_set(), "\n".join(serve.lines)
         assert asyncio.run(_answers(serve.url)) == expected
         [metrics_port] = serve.decode_workers().values()
         moved = scrape(f"http://127.0.0.1:{metrics_port}/metrics",
