@@ -36,6 +36,9 @@ class Gateway:
     draining: bool = False
     # the LoRA adapters the workers serve (through the router's GetStats): names `model` may give
     lora_adapters: frozenset[str] = frozenset()
+    # runtime loads (True) and unloads (False) the router's reports do not show yet, and since when
+    # (services/gateway/lora_updates.py)
+    lora_pending: dict[str, tuple[bool, float]] = field(default_factory=dict)
     vocab_size: int | None = None  # the model's: logit_bias ids must fall in it
     router_health: RouterHealth | None = None
     # stored responses and usage records (services/state)

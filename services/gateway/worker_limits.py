@@ -16,6 +16,7 @@ import time
 import grpc
 
 from baton.services.common.wire.router import router_stats_from_proto
+from baton.services.gateway.lora_updates import with_pending
 from baton.services.gateway.state import Gateway
 from baton.v1 import router_pb2, router_pb2_grpc
 
@@ -43,7 +44,7 @@ class WorkerLimits:
                                           timeout=self.interval_s))
         except grpc.aio.AioRpcError:
             return None
-        self.gateway.lora_adapters = frozenset(stats.lora_adapters)
+        self.gateway.lora_adapters = with_pending(self.gateway, frozenset(stats.lora_adapters))
         if not stats.max_model_len:
             return False
         self._apply(stats.model, stats.max_model_len)

@@ -201,3 +201,25 @@ class RouterStats(_message.Message):
     max_model_len: int
     lora_adapters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., leases: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerEndpoint(_message.Message):
+    __slots__ = ("worker_id", "address", "role", "draining")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    role: WorkerRole
+    draining: bool
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerEndpoint]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerEndpoint, _Mapping]]] = ...) -> None: ...
