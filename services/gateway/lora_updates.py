@@ -40,23 +40,23 @@ STATUS = {grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_value"),
 
 
 class UpdateFailed(Exception):
-    """The update's answer to the client: an HTTP status, message and OpenAI error code."""
+    """The update's answer to the client: an HTTP status, message and OpenAI error code, and what
+    the log says of it (`detail`, which may name internal addresses the client is not told)."""
 
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(self, status: int, message: str, code: str, detail: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+        self.detail = detail or message
 
 
-def _failure(error: grpc.aio.AioRpcError, request_id: str, peer: str) -> UpdateFailed:
-    """A worker's refusal, passed on; a transport failure is a plain 503 (its details, which name
-    internal addresses, go to the log)."""
+def _failure(error: grpc.aio.AioRpcError, peer: str) -> UpdateFailed:
+    """A worker's refusal, passed on; a transport failure is a plain 503."""
+    details = error.details() or error.code().name
     if error.code() in STATUS:
         status, code = STATUS[error.code()]
-        return UpdateFailed(status, error.details() or error.code().name, code)
-    log.warning("request %s: %s failed: %s: %s", request_id, peer, error.code().name,
-                error.details())
+        return UpdateFailed(status, details, code)
     return UpdateFailed(503, f"the {peer} is unavailable ({error.code().name}); try again",
-                        "service_unavailable")
+                        "service_unavailable", f"{peer}: {error.code().name}: {details}")
 
 
 class LoRAUpdates:
@@ -71,39 +71,38 @@ class LoRAUpdates:
         async with self._lock:
             message = worker_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
             results = await self._each_worker(
-                request_id, lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
+                lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
             took = [address for address, r in results.items() if not isinstance(r, Exception)]
             errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)]
             if errors and not (took and all(e.code() == grpc.StatusCode.ALREADY_EXISTS
                                             for e in errors)):
                 await self._roll_back(request_id, name, took)
-                raise _failure(errors[0], request_id, "worker")
+                raise _failure(errors[0], "worker")
             self._pending(name, present=True)
 
-    async def unload(self, request_id: str, name: str) -> int:
+    async def unload(self, name: str) -> int:
         """Returns the requests still finishing under the adapter. Raises UpdateFailed."""
         async with self._lock:
             message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)
             results = await self._each_worker(
-                request_id, lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
+                lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
             done = [r for r in results.values() if not isinstance(r, Exception)]
             if done:
                 self._pending(name, present=False)
             errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)
                       and r.code() != grpc.StatusCode.NOT_FOUND]
             if errors or not done:
-                raise _failure((errors or list(results.values()))[0], request_id, "worker")
+                raise _failure((errors or list(results.values()))[0], "worker")
             return sum(r.finishing_requests for r in done)
 
-    async def _each_worker(self, request_id: str,
-                           call: Callable[[worker_pb2_grpc.WorkerStub], Awaitable[T]]
+    async def _each_worker(self, call: Callable[[worker_pb2_grpc.WorkerStub], Awaitable[T]]
                            ) -> dict[str, T | grpc.aio.AioRpcError]:
         """Each live worker's answer (or its error) by address."""
         try:
             listing = await self.router.ListWorkers(router_pb2.ListWorkersRequest(),
                                                     timeout=LIST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
-            raise _failure(e, request_id, "router") from None
+            raise _failure(e, "router") from None
         addresses = sorted({w.address for w in listing.workers})
         if not addresses:
             raise UpdateFailed(503, "no worker is serving now; try again once one is",
@@ -131,13 +130,15 @@ class LoRAUpdates:
         gateway.lora_adapters = frozenset(adapters | {name} if present else adapters - {name})
 
 
-def with_pending(gateway: Gateway, reported: frozenset[str]) -> frozenset[str]:
-    """The adapters the router reports, with the gateway's own recent updates over them; an
-    update is forgotten once the report agrees with it, or after PENDING_MAX_S."""
+def with_pending(pending: dict[str, tuple[bool, float]],
+                 reported: frozenset[str]) -> frozenset[str]:
+    """The adapters the router reports, with the gateway's own recent updates (`pending`, by name:
+    loaded or not, and since when) over them; an update is forgotten once the report agrees with
+    it, or after PENDING_MAX_S."""
     adapters, now = set(reported), time.monotonic()
-    for name, (present, since) in list(gateway.lora_pending.items()):
+    for name, (present, since) in list(pending.items()):
         if (name in reported) == present or now - since > PENDING_MAX_S:
-            del gateway.lora_pending[name]
+            del pending[name]
         elif present:
             adapters.add(name)
         else:

@@ -44,7 +44,8 @@ class WorkerLimits:
                                           timeout=self.interval_s))
         except grpc.aio.AioRpcError:
             return None
-        self.gateway.lora_adapters = with_pending(self.gateway, frozenset(stats.lora_adapters))
+        gateway = self.gateway
+        gateway.lora_adapters = with_pending(gateway.lora_pending, frozenset(stats.lora_adapters))
         if not stats.max_model_len:
             return False
         self._apply(stats.model, stats.max_model_len)

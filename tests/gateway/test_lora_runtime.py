@@ -197,8 +197,9 @@ def test_load_and_unload_under_load_lose_no_request(client, admin, adapter) -> N
 
 
 def test_a_worker_refuses_an_adapter_it_does_not_serve_as_not_found(lora_stack) -> None:
-    """What a request gets that reaches a worker after an unload, before the gateway knows: NOT_FOUND
-    marked model_not_found, which the gateway answers 404 (orchestrator.py's refusal mapping)."""
+    """What a request gets that reaches a worker after an unload, before the gateway knows:
+    NOT_FOUND marked model_not_found, which the gateway answers 404 (orchestrator.py's refusal
+    mapping)."""
     [worker] = lora_stack.workers()
     meta = worker_pb2.RequestMeta(request_id="gone-adapter", lora_name="never-loaded")
     request = generate_request(meta, [5, 6, 7], SamplingParams(max_tokens=2))
@@ -209,3 +210,47 @@ def test_a_worker_refuses_an_adapter_it_does_not_serve_as_not_found(lora_stack) 
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert ("baton-error", "model_not_found") in tuple(error.trailing_metadata())
     assert "'never-loaded' is not served here" in error.details()
+
+
+@pytest.fixture(scope="module")
+def handoff_lora_stack(model, adapter, tmp_path_factory):
+    """Disaggregated, every prompt prefilled on the prefill worker and handed off: a load and an
+    unload reach both workers, and the decode worker runs the adapter the hand-off names."""
+    keys = tmp_path_factory.mktemp("lora-keys") / "keys.yaml"
+    keys.write_text(KEYS)
+    stack = start_stack(
+        model, "disaggregated", api_keys_file=keys, router_args=["--max-local-prefill-tokens=0"],
+        worker_arg=("--num-kv-blocks=256", "--dtype=float32", "--max-loras=2",
+                    f"--lora-modules=qv8={adapter}"),
+        gateway_args=["--allow-runtime-lora-updating", "--slos="])
+    yield stack
+    stack.stop()
+
+
+def _served_by_each(stack) -> list[set[str]]:
+    served = []
+    for worker in stack.workers():
+        with grpc.insecure_channel(worker.address) as channel:
+            stats = worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(),
+                                                                 timeout=60)
+        served.append(set(stats.lora_adapters))
+    return served
+
+
+def test_every_worker_loads_and_unloads_and_the_handoff_runs_it(handoff_lora_stack,
+                                                                adapter) -> None:
+    stack = handoff_lora_stack
+    client = openai.OpenAI(base_url=stack.url, api_key="sk-alpha", max_retries=0, timeout=240)
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.port}", timeout=120,
+                      headers={"Authorization": "Bearer sk-ops"}) as admin:
+        loaded = admin.post("/v1/load_lora_adapter",
+                            json={"lora_name": "qv8-rt", "lora_path": str(adapter)})
+        assert loaded.status_code == 200, loaded.text
+        assert _served_by_each(stack) == [{"qv8", "qv8-rt"}] * 2
+        prompt = random_prompts(1, 200, seed=4, min_len=5, max_len=30)[0]
+        assert _tokens(client, "qv8-rt", prompt) == _tokens(client, "qv8", prompt)
+        assert admin.post("/v1/unload_lora_adapter",
+                          json={"lora_name": "qv8-rt"}).status_code == 200
+    assert _served_by_each(stack) == [{"qv8"}] * 2
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="qv8-rt", prompt="hi", max_tokens=2)

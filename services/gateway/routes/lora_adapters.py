@@ -79,8 +79,9 @@ def routes(gateway: Gateway) -> APIRouter:
             try:
                 return PlainTextResponse(await update(request_id, body))
             except UpdateFailed as e:
-                log.info("request %s: %s refused: %s", request_id, url, e.message)
-                return error_response(e.status, e.message, e.code, param="lora_name")
+                log.info("request %s: %s refused: %s", request_id, url, e.detail)
+                return error_response(e.status, e.message, e.code,
+                                      param="lora_name" if e.status < 500 else None)
 
         return await answer(gateway, url, request, work)
 
@@ -96,7 +97,7 @@ def routes(gateway: Gateway) -> APIRouter:
 
     async def unload(request_id: str, body: Any) -> str:
         options = _parse(UnloadLoRAAdapterRequest, body)
-        finishing = await updates.unload(request_id, options.lora_name)
+        finishing = await updates.unload(options.lora_name)
         log.info("request %s: LoRA adapter %s unloaded; %d requests finishing under it",
                  request_id, options.lora_name, finishing)
         text = f"Success: LoRA adapter '{options.lora_name}' removed successfully."
