@@ -1,13 +1,14 @@
 """Runtime LoRA updates (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter), fanned out to
-every worker serving the base model: the router lists them (ListWorkers), and the gateway calls
-each one's LoadLoRAAdapter or UnloadLoRAAdapter at once, as it calls workers for requests.
+every worker serving the adapter's base model: the router lists the workers and their models
+(ListWorkers), and the gateway calls each one's LoadLoRAAdapter or UnloadLoRAAdapter at once, as
+it calls workers for requests.
 
 A load is all or nothing: when a worker refuses it, the workers that took it unload it again and
 the client gets the refusal. A worker that already serves the name while the others take it (it
 was loaded before another worker joined) counts as done, so repeating a load brings new workers up
 to date. An unload succeeds when any worker served the adapter; it is a 404 when none did.
 
-The gateway's list of adapters (what `model` may name, /v1/models) changes at once; the router's
+The base model's list of adapters (what `model` may name, /v1/models) changes at once; the router's
 view follows with the workers' next stats. Until it agrees, the change is kept over what the router
 reports (at most PENDING_MAX_S), so a stale report neither revives an unloaded adapter nor hides a
 loaded one."""
@@ -22,7 +23,7 @@ from typing import TypeVar
 import grpc
 
 from baton.services.common.worker_stubs import WorkerStubs
-from baton.services.gateway.state import Gateway
+from baton.services.gateway.served_model import ServedModel
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,52 +61,52 @@ def _failure(error: grpc.aio.AioRpcError, peer: str) -> UpdateFailed:
 
 
 class LoRAUpdates:
-    def __init__(self, gateway: Gateway, channel: grpc.aio.Channel, stubs: WorkerStubs) -> None:
-        self.gateway = gateway
+    def __init__(self, channel: grpc.aio.Channel, stubs: WorkerStubs) -> None:
         self.router = router_pb2_grpc.RouterStub(channel)
         self.stubs = stubs
         self._lock = asyncio.Lock()  # one update at a time: a load and an unload never interleave
 
-    async def load(self, request_id: str, name: str, path: str) -> None:
+    async def load(self, request_id: str, model: ServedModel, name: str, path: str) -> None:
         """Raises UpdateFailed."""
         async with self._lock:
             message = worker_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
             results = await self._each_worker(
-                lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
+                model.name, lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
             took = [address for address, r in results.items() if not isinstance(r, Exception)]
             errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)]
             if errors and not (took and all(e.code() == grpc.StatusCode.ALREADY_EXISTS
                                             for e in errors)):
                 await self._roll_back(request_id, name, took)
                 raise _failure(errors[0], "worker")
-            self._pending(name, present=True)
+            _pending(model, name, present=True)
 
-    async def unload(self, name: str) -> int:
+    async def unload(self, model: ServedModel, name: str) -> int:
         """Returns the requests still finishing under the adapter. Raises UpdateFailed."""
         async with self._lock:
             message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)
             results = await self._each_worker(
-                lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
+                model.name, lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
             done = [r for r in results.values() if not isinstance(r, Exception)]
             if done:
-                self._pending(name, present=False)
+                _pending(model, name, present=False)
             errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)
                       and r.code() != grpc.StatusCode.NOT_FOUND]
             if errors or not done:
                 raise _failure((errors or list(results.values()))[0], "worker")
             return sum(r.finishing_requests for r in done)
 
-    async def _each_worker(self, call: Callable[[worker_pb2_grpc.WorkerStub], Awaitable[T]]
+    async def _each_worker(self, model: str,
+                           call: Callable[[worker_pb2_grpc.WorkerStub], Awaitable[T]]
                            ) -> dict[str, T | grpc.aio.AioRpcError]:
-        """Each live worker's answer (or its error) by address."""
+        """Each live worker's of `model` answer (or its error) by address."""
         try:
             listing = await self.router.ListWorkers(router_pb2.ListWorkersRequest(),
                                                     timeout=LIST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             raise _failure(e, "router") from None
-        addresses = sorted({w.address for w in listing.workers})
+        addresses = sorted({w.address for w in listing.workers if w.model == model})
         if not addresses:
-            raise UpdateFailed(503, "no worker is serving now; try again once one is",
+            raise UpdateFailed(503, f"no worker is serving {model} now; try again once one is",
                                "service_unavailable")
         answers = await asyncio.gather(*(call(self.stubs.get(a)) for a in addresses),
                                        return_exceptions=True)
@@ -123,11 +124,11 @@ class LoRAUpdates:
                 log.warning("request %s: LoRA adapter %s stays on a worker after a failed load: "
                             "%s: %s", request_id, name, e.code().name, e.details())
 
-    def _pending(self, name: str, present: bool) -> None:
-        gateway = self.gateway
-        gateway.lora_pending[name] = (present, time.monotonic())
-        adapters = set(gateway.lora_adapters)
-        gateway.lora_adapters = frozenset(adapters | {name} if present else adapters - {name})
+
+def _pending(model: ServedModel, name: str, present: bool) -> None:
+    model.lora_pending[name] = (present, time.monotonic())
+    adapters = set(model.lora_adapters)
+    model.lora_adapters = frozenset(adapters | {name} if present else adapters - {name})
 
 
 def with_pending(pending: dict[str, tuple[bool, float]],

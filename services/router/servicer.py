@@ -172,5 +172,5 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                           context: grpc.aio.ServicerContext) -> pb.ListWorkersResponse:
         return pb.ListWorkersResponse(workers=[
             pb.WorkerEndpoint(worker_id=worker_id, address=address, role=role.value,
-                              draining=draining)
-            for worker_id, address, role, draining in self.router.endpoints()])
+                              draining=draining, model=model)
+            for worker_id, address, role, draining, model in self.router.endpoints()])

@@ -4,7 +4,9 @@ engine thread), and in one of `max_loras` device slots. A sequence holds its ada
 admission to its end; a slot nobody holds is reused least recently used first, so an adapter is
 never evicted under a running sequence and a waiting one costs no reload (no thrashing).
 An adapter being unloaded at runtime is retiring: refused to new requests, still served to the
-sequences that have it, and removed once none does (services/engine/lora/runtime.py)."""
+sequences that have it, and removed once none does (services/engine/lora/runtime.py).
+Under tensor parallelism this is rank 0's, and each of its decisions goes to the other ranks
+(replicas.py)."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
@@ -45,6 +47,7 @@ class LoRAManager:
         self.max_loras = config.max_loras
         self.max_cpu_loras = config.max_cpu_loras or config.max_loras
         self.state = state
+        self.replicas = state.replicas if state is not None else None
         self.modules: dict[str, LoRAModule] = {}
         self.host: OrderedDict[str, AdapterWeights] = OrderedDict()
         self.loading: dict[str, Future[AdapterWeights]] = {}
@@ -71,6 +74,8 @@ class LoRAManager:
         self.check_free(module.name)
         weights = weights or self.read(module)
         self.modules[module.name] = module
+        if self.replicas is not None:
+            self.replicas.read(module)
         self._keep(weights)
 
     def check_free(self, name: str) -> None:
@@ -91,8 +96,9 @@ class LoRAManager:
             raise LoRAError(f"the LoRA adapter {name!r} is in use by {self.users[name]} requests")
         del self.modules[name]
         self.retiring.discard(name)
-        self.host.pop(name, None)
         self.loading.pop(name, None)  # a read under way is dropped: a new load reads anew
+        if self.host.pop(name, None) is not None and self.replicas is not None:
+            self.replicas.drop(name)
         for slot, held in enumerate(self.slots):
             if held == name:
                 self.slots[slot] = None
@@ -124,6 +130,8 @@ class LoRAManager:
             slot = self._free_slot()
             if self.state is not None:
                 write_slot(self.state, slot, adapter)
+            if self.replicas is not None:
+                self.replicas.fill(slot, name)
             self.slots[slot] = name
             self.slot_loads += 1
         self.idle_slots.pop(slot, None)
@@ -171,6 +179,8 @@ class LoRAManager:
         future = self.loading.get(name)
         if future is None:
             self.loading[name] = self._loader.submit(self.read, self.modules[name])
+            if self.replicas is not None:
+                self.replicas.read(self.modules[name])
             return None
         if not future.done():
             return None
@@ -183,7 +193,9 @@ class LoRAManager:
         self.host[adapter.name] = adapter
         self.host.move_to_end(adapter.name)
         while len(self.host) > self.max_cpu_loras:
-            self.host.popitem(last=False)
+            evicted, _ = self.host.popitem(last=False)
+            if self.replicas is not None:
+                self.replicas.drop(evicted)
 
     def close(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from baton.services.gateway.errors import error_response
 from baton.services.gateway.lora_updates import LoRAUpdates, UpdateFailed
 from baton.services.gateway.routes.json_route import answer, request_body
+from baton.services.gateway.served_model import ServedModel
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import AuthError
 from baton.services.openai.errors import ProtocolError, from_validation_error
@@ -36,6 +37,8 @@ class UnloadLoRAAdapterRequest(BaseModel):
 class LoadLoRAAdapterRequest(UnloadLoRAAdapterRequest):
     lora_path: str = Field(min_length=1, max_length=4096)
     load_inplace: bool = False  # vLLM's: replace an adapter of that name; refused here
+    # which base model's workers take it (as in --lora-modules' JSON form); unset: --model's
+    base_model_name: str | None = None
 
 
 def _parse(model: type[BaseModel], body: Any) -> Any:
@@ -43,6 +46,21 @@ def _parse(model: type[BaseModel], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as e:
         raise from_validation_error(e) from None
+
+
+def _base_model(gateway: Gateway, options: LoadLoRAAdapterRequest) -> ServedModel:
+    """The base model a load names; ProtocolError for a name that is not one, or an adapter's
+    name that is a base model's."""
+    if options.lora_name in gateway.models:
+        raise ProtocolError(f"`{options.lora_name}` is the name of a base model served here",
+                            param="lora_name")
+    if options.base_model_name is None:
+        return gateway.default_model
+    model = gateway.models.get(options.base_model_name)
+    if model is None:
+        raise ProtocolError(f"no base model `{options.base_model_name}` is served here",
+                            param="base_model_name", code="model_not_found", status=404)
+    return model
 
 
 def refusal(gateway: Gateway, request: Request) -> Response | None:
@@ -65,7 +83,7 @@ def refusal(gateway: Gateway, request: Request) -> Response | None:
 
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
-    updates = LoRAUpdates(gateway, gateway.orchestrator.channel, gateway.orchestrator.workers)
+    updates = LoRAUpdates(gateway.orchestrator.channel, gateway.orchestrator.workers)
 
     async def guarded(url: str, request: Request,
                       update: Callable[[str, Any], Awaitable[str]]) -> Response:
@@ -90,14 +108,19 @@ def routes(gateway: Gateway) -> APIRouter:
         if options.load_inplace:
             raise ProtocolError("load_inplace is not supported; unload the adapter, then load it",
                                 param="load_inplace")
-        await updates.load(request_id, options.lora_name, options.lora_path)
+        await updates.load(request_id, _base_model(gateway, options), options.lora_name,
+                           options.lora_path)
         log.info("request %s: LoRA adapter %s loaded from %s", request_id, options.lora_name,
                  options.lora_path)
         return f"Success: LoRA adapter '{options.lora_name}' added successfully."
 
     async def unload(request_id: str, body: Any) -> str:
         options = _parse(UnloadLoRAAdapterRequest, body)
-        finishing = await updates.unload(options.lora_name)
+        # the base model whose adapter it is (the default model's workers for a name this
+        # gateway has not heard of yet: another gateway may have just loaded it)
+        model = next((m for m in gateway.models.values()
+                      if options.lora_name in m.lora_adapters), gateway.default_model)
+        finishing = await updates.unload(model, options.lora_name)
         log.info("request %s: LoRA adapter %s unloaded; %d requests finishing under it",
                  request_id, options.lora_name, finishing)
         text = f"Success: LoRA adapter '{options.lora_name}' removed successfully."
