@@ -167,6 +167,13 @@ def test_bad_requests(client, admin, adapter) -> None:
                          "load_inplace")):
         answer = admin.post("/v1/load_lora_adapter", json=body)
         assert answer.status_code == 400 and _error(answer)["param"] == param, answer.text
+    base = client.models.list().data[0].id
+    no_base = admin.post("/v1/load_lora_adapter", json={"lora_name": "x", "base_model_name": "nope",
+                                                        "lora_path": str(adapter)})
+    assert no_base.status_code == 404 and _error(no_base)["param"] == "base_model_name"
+    named_as_base = admin.post("/v1/load_lora_adapter", json={"lora_name": base,
+                                                              "lora_path": str(adapter)})
+    assert named_as_base.status_code == 400 and "base model" in _error(named_as_base)["message"]
     missing = admin.post("/v1/load_lora_adapter", json={"lora_name": "x",
                                                         "lora_path": "/no/such/folder"})
     assert missing.status_code == 400 and "not a folder" in _error(missing)["message"]
