@@ -172,6 +172,11 @@ class GatewayConfig(BatonSettings):
         False,
         description="Logprobs name tokens 'token_id:N' unless a request says otherwise (vLLM's "
                     "flag and request field)")
+    allow_runtime_lora_updating: bool = Field(
+        False,
+        description="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING) to admin keys (`admin: true` in the API "
+                    "keys file); off, they answer 404")
     slos: str = Field(
         "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; a "
                                   "priority without one uses the nearest lower priority's")

@@ -18,7 +18,8 @@ CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 def error_response(status: int, message: str, code: str, param: str | None = None,
                    retry_after_s: float | None = None) -> JSONResponse:
-    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+            429: "rate_limit_error"}.get(
         status, "invalid_request_error" if status < 500 else "server_error")
     headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))
                } if retry_after_s is not None else None

@@ -89,6 +89,8 @@ def _refusal(error: grpc.aio.AioRpcError, request_id: str, peer: str) -> Refused
                        float(retry_ms) / 1000 if retry_ms else 1.0)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return Refused(400, details, "invalid_value")
+    if trailing.get("baton-error") == "model_not_found":  # a LoRA adapter unloaded meanwhile
+        return Refused(404, details, "model_not_found")
     if code == grpc.StatusCode.NOT_FOUND and "rejection-reason" in trailing:
         # the router routes no such model (the gateway's list of models was out of date)
         return Refused(404, details, "model_not_found")

@@ -5,7 +5,7 @@ limit, vocabulary and tool-call format, and the LoRA adapters its workers serve.
 it: the router places it only on that model's workers."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -24,6 +24,9 @@ class ServedModel:
     tool_parser: ToolParser | None = None  # the family's tool-call format, for auto tool_choice
     # the LoRA adapters its workers serve (through the router's GetStats); their parent is this
     lora_adapters: frozenset[str] = frozenset()
+    # runtime loads (True) and unloads (False) the router's reports do not show yet, and since when
+    # (services/gateway/lora_updates.py)
+    lora_pending: dict[str, tuple[bool, float]] = field(default_factory=dict)
 
 
 def load_served_model(name: str, path: str, tool_call_parser: str,

@@ -12,6 +12,7 @@ File format (YAML or JSON):
         cache_salt: acme-2026        # default: derived from the name
         requests_per_minute: 600     # optional
         tokens_per_minute: 200000    # optional; prompt plus max_tokens
+        admin: true                  # optional; may load and unload LoRA adapters at runtime
 
 A request's own `priority` field (vLLM's meaning: lower is served earlier) moves its tenant's
 priority, clamped to the band [min_priority, max_priority]: by default a client may lower its
@@ -44,6 +45,7 @@ class Tenant:
     tokens_per_minute: int | None = None
     min_priority: int | None = None  # None: no floor but the request field's range
     max_priority: int | None = None  # None: the tenant's own priority
+    admin: bool = False  # its keys may change what is served (runtime LoRA updates)
 
     def __post_init__(self) -> None:
         low = self.min_priority if self.min_priority is not None else self.priority
@@ -105,8 +107,11 @@ def _tenant(entry: object, source: str) -> tuple[Tenant, list[str]]:
                       for key in ("priority", "min_priority", "max_priority")}
     except (TypeError, ValueError):
         raise ValueError(f"{source}: tenant {name!r}: priorities must be integers") from None
+    admin = entry.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ValueError(f"{source}: tenant {name!r}: admin must be true or false")
     try:
-        tenant = Tenant(name=name, priority=priorities["priority"] or 0,
+        tenant = Tenant(name=name, admin=admin, priority=priorities["priority"] or 0,
                         cache_salt=str(entry.get("cache_salt") or f"tenant:{name}"),
                         requests_per_minute=entry.get("requests_per_minute"),
                         tokens_per_minute=entry.get("tokens_per_minute"),

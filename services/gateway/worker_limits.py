@@ -17,6 +17,7 @@ import grpc
 
 from baton.services.common.messages.router import ModelStats
 from baton.services.common.wire.router import router_stats_from_proto
+from baton.services.gateway.lora_updates import with_pending
 from baton.services.gateway.served_model import ServedModel
 from baton.services.gateway.state import Gateway
 from baton.v1 import router_pb2, router_pb2_grpc
@@ -53,7 +54,8 @@ class WorkerLimits:
             model = self.gateway.models.get(entry.name)
             if model is None:
                 continue  # the router routes a model this gateway has no tokenizer for
-            model.lora_adapters = frozenset(entry.lora_adapters)
+            model.lora_adapters = with_pending(model.lora_pending,
+                                               frozenset(entry.lora_adapters))
             if entry.max_model_len:
                 self._apply(model, entry.max_model_len)
         return bool(served[0].max_model_len)

@@ -160,6 +160,14 @@ class Router:
         with self._lock:
             return list(self._workers)
 
+    def endpoints(self) -> list[tuple[str, str, Role, bool, str]]:
+        """(id, address, role, draining, model) of each live worker: where the gateway fans
+        runtime LoRA loads and unloads out to."""
+        with self._lock:
+            now = self._clock()
+            return [(w.worker_id, w.address, w.role, w.draining, w.model)
+                    for w in self._workers.values() if w.is_alive(now)]
+
     def drain(self, worker_ids: Iterable[str]) -> list[str]:
         """Stops new placements on these workers (their current requests finish); returns the
         unknown ids."""

@@ -167,3 +167,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def GetStats(self, request: pb.GetRouterStatsRequest,
                        context: grpc.aio.ServicerContext) -> pb.RouterStats:
         return router_stats_to_proto(self.router.stats())
+
+    async def ListWorkers(self, request: pb.ListWorkersRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse(workers=[
+            pb.WorkerEndpoint(worker_id=worker_id, address=address, role=role.value,
+                              draining=draining, model=model)
+            for worker_id, address, role, draining, model in self.router.endpoints()])

@@ -18,6 +18,8 @@ from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.kv.block_manager import Medium
 from baton.services.engine.kv.handoff import HeldKV, Reservation
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.lora import runtime as lora_runtime
+from baton.services.engine.lora.modules import LoRAModule
 from baton.services.engine.requests import EngineRequest
 from baton.services.worker.kv_events import KVEventLog
 
@@ -34,8 +36,9 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.loop = loop
-        # engine-thread hooks (events, notifications)
-        self.after_step: list[Callable[[LLMEngine], None]] = []
+        # engine-thread hooks (events, notifications); adapters unloaded at runtime go once their
+        # last request has ended
+        self.after_step: list[Callable[[LLMEngine], None]] = [lora_runtime.drop_retired]
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._wake = threading.Event()
@@ -119,6 +122,18 @@ class EngineLoop:
         sequence number that covers them all (the engine's pending block events are drained into
         `events` first)."""
         return await self._call(_kv_snapshot, events)
+
+    # LoRA adapters loaded and unloaded at runtime.
+
+    async def load_lora(self, module: LoRAModule) -> None:
+        """Reads and checks the adapter on a thread of its own, then serves it. Raises LoRAError."""
+        weights = await asyncio.to_thread(lora_runtime.read, self.engine, module)
+        await self._call(lora_runtime.load, module, weights)
+
+    async def unload_lora(self, name: str) -> int:
+        """Refuses new requests for the adapter; the requests still to end under it before it is
+        dropped. Raises LoRANotFound (or LoRAOff)."""
+        return await self._call(lora_runtime.unload, name)
 
     async def _call(self, command: Callable[Concatenate[LLMEngine, P], T], *args: P.args,
                     **kwargs: P.kwargs) -> T:

@@ -18,6 +18,7 @@ from baton.services.common.roles import Role
 from baton.services.common.wire.worker import (logprob_from_proto, output_to_proto,
                                                params_from_proto, prefill_to_proto)
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.lora.modules import LoRANotFound
 from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide, KVHandoff, TransferFailed
@@ -26,6 +27,7 @@ from baton.services.worker.kv_events import KVEvent, KVEventLog
 from baton.services.worker.kv_transfer.base import (KVStreamSource, KVTransferError,
                                                     kv_handle_from_proto, kv_handle_to_proto)
 from baton.services.worker.lease_client import HandleNotFound
+from baton.services.worker.lora_admin import MODEL_NOT_FOUND, load_adapter, unload_adapter
 from baton.services.worker.prefill import PrefillSide, UnknownHandle
 from baton.v1 import worker_pb2 as pb
 from baton.v1 import worker_pb2_grpc
@@ -104,6 +106,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 handle = done.kv_handle
                 return prefill_to_proto(done.output,
                                         None if handle is None else kv_handle_to_proto(handle))
+        except LoRANotFound as e:  # unloaded since the gateway looked: the client's 404
+            log.info("request %s: prefill refused: %s", request_id, e)
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e), MODEL_NOT_FOUND)
         except ValueError as e:
             log.info("request %s: prefill refused: %s", request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -129,6 +134,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         self._request(request_id, request.meta, prompt, request.params), handoff,
                         list(request.output_token_ids)):
                     yield output_to_proto(served.output, served.kv_source)
+        except LoRANotFound as e:
+            log.info("request %s: generate refused: %s", request_id, e)
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e), MODEL_NOT_FOUND)
         except ValueError as e:
             log.info("request %s: generate refused: %s", request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -202,6 +210,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             loaded_loras=s.lora.resident if s.lora else [],
             host_load_seconds_per_block=s.tier_load_seconds_per_block.get("host", 0.0),
             disk_load_seconds_per_block=s.tier_load_seconds_per_block.get("disk", 0.0))
+
+    async def LoadLoRAAdapter(self, request: pb.LoadLoRAAdapterRequest,
+                              context: grpc.aio.ServicerContext) -> pb.LoadLoRAAdapterResponse:
+        return await load_adapter(self.loop, request, context)
+
+    async def UnloadLoRAAdapter(self, request: pb.UnloadLoRAAdapterRequest,
+                                context: grpc.aio.ServicerContext) -> pb.UnloadLoRAAdapterResponse:
+        return await unload_adapter(self.loop, request, context)
 
     async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVEventBatch]:

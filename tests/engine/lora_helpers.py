@@ -2,6 +2,7 @@
 and the greedy continuations transformers + peft produce under each."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -51,3 +52,30 @@ def assert_matches(ours: list[int], want: list[int], gaps: list[float], what: st
             assert gaps[i] < TIE_GAP, f"{what}: token {i} is {a}, transformers+peft say {b}"
             return
     assert len(ours) == len(want), what
+
+
+def make_bad_adapters(model_dirs: dict[str, Path], root: Path,
+                      max_rank: int = 16) -> dict[str, tuple[Path, str]]:
+    """Adapters the llama model cannot serve, each with (a pattern of) the error naming why: a rank
+    above `max_rank`, a target module it lacks, the shapes of another base model, a truncated and a
+    corrupt safetensors file."""
+    llama = model_dirs["llama"]
+    cases = {
+        "rank": (make_tiny_lora(llama, root / "rank", max_rank * 2, ("q_proj",), seed=1),
+                 f"rank {max_rank * 2} is above --max-lora-rank {max_rank}"),
+        "targets": (make_tiny_lora(llama, root / "targets", 4, ("q_proj",), seed=2),
+                    r"target modules \['c_attn'\]"),
+        "other-model": (make_tiny_lora(model_dirs["qwen3"], root / "other", 4, ("q_proj",), seed=3),
+                        "another model"),
+        "truncated": (make_tiny_lora(llama, root / "truncated", 4, ("q_proj",), seed=4),
+                      "corrupt or truncated"),
+        "corrupt": (make_tiny_lora(llama, root / "corrupt", 4, ("q_proj",), seed=5),
+                    "corrupt or truncated"),
+    }
+    config = cases["targets"][0] / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "target_modules": ["q_proj", "c_attn"]}))
+    truncated = cases["truncated"][0] / "adapter_model.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[:truncated.stat().st_size // 2])
+    (cases["corrupt"][0] / "adapter_model.safetensors").write_bytes(b"\x07not safetensors" * 64)
+    return cases

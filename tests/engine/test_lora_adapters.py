@@ -115,9 +115,9 @@ def test_manager_names_base_model_and_in_use(llama, tmp_path: Path) -> None:
     path = _adapter(llama, tmp_path)
     config = EngineConfig(model=str(llama[0]), lora_modules=[f"a={path}"], max_loras=1)
     manager = LoRAManager(config, llama[1], "base", None)
-    with pytest.raises(LoRAError, match="already served"):
+    with pytest.raises(LoRAError, match="has already been loaded"):
         manager.add(LoRAModule("a", str(path)))
-    with pytest.raises(LoRAError, match="already served"):
+    with pytest.raises(LoRAError, match="is the base model's"):
         manager.add(LoRAModule("base", str(path)))
     with pytest.raises(LoRAError, match="for base model 'other'"):
         manager.add(LoRAModule("b", str(path), "other"))

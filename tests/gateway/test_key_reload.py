@@ -127,9 +127,17 @@ def test_sighup_reloads_at_once(gateways):
     ('tenants:\n  - name: a\n    keys: ["sk-hidden"]\n  - name: b\n    keys: ["sk-hidden"]\n',
      "also one of 'a'"),
     (b'\xfftenants', "not UTF-8"),
+    ('tenants:\n  - name: a\n    keys: ["sk-hidden"]\n    admin: "yes"\n',
+     "admin must be true or false"),
 ])
 def test_a_bad_file_is_refused_with_a_reason_that_quotes_no_key(text, problem):
     raw = text if isinstance(text, bytes) else text.encode()
     with pytest.raises(ValueError) as refused:
         parse_keys(raw, "keys.yaml")
     assert problem in str(refused.value) and "sk-hidden" not in str(refused.value)
+
+
+def test_admin_is_off_unless_the_file_says_so():
+    tenants = parse_keys(b'tenants:\n  - {name: a, keys: ["sk-a"]}\n'
+                         b'  - {name: ops, keys: ["sk-ops"], admin: true}\n', "keys.yaml")
+    assert sorted((t.name, t.admin) for t in tenants.values()) == [("a", False), ("ops", True)]

@@ -64,6 +64,11 @@ class RouterStub:
                 request_serializer=baton_dot_v1_dot_router__pb2.GetRouterStatsRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_router__pb2.RouterStats.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/baton.v1.Router/ListWorkers',
+                request_serializer=baton_dot_v1_dot_router__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_router__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServicer:
@@ -111,6 +116,13 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """The live workers and their addresses: the gateway fans runtime LoRA loads and unloads out to them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +155,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=baton_dot_v1_dot_router__pb2.GetRouterStatsRequest.FromString,
                     response_serializer=baton_dot_v1_dot_router__pb2.RouterStats.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=baton_dot_v1_dot_router__pb2.ListWorkersRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_router__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +324,33 @@ class Router:
             '/baton.v1.Router/GetStats',
             baton_dot_v1_dot_router__pb2.GetRouterStatsRequest.SerializeToString,
             baton_dot_v1_dot_router__pb2.RouterStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Router/ListWorkers',
+            baton_dot_v1_dot_router__pb2.ListWorkersRequest.SerializeToString,
+            baton_dot_v1_dot_router__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

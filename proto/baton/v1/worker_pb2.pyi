@@ -416,3 +416,27 @@ class KVSnapshot(_message.Message):
     host_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     disk_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., host_block_hashes: _Optional[_Iterable[int]] = ..., disk_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LoadLoRAAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class LoadLoRAAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnloadLoRAAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class UnloadLoRAAdapterResponse(_message.Message):
+    __slots__ = ("finishing_requests",)
+    FINISHING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    finishing_requests: int
+    def __init__(self, finishing_requests: _Optional[int] = ...) -> None: ...

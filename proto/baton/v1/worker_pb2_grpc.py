@@ -74,6 +74,16 @@ class WorkerStub:
                 request_serializer=baton_dot_v1_dot_worker__pb2.GetKVSnapshotRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_worker__pb2.KVSnapshot.FromString,
                 _registered_method=True)
+        self.LoadLoRAAdapter = channel.unary_unary(
+                '/baton.v1.Worker/LoadLoRAAdapter',
+                request_serializer=baton_dot_v1_dot_worker__pb2.LoadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_worker__pb2.LoadLoRAAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoRAAdapter = channel.unary_unary(
+                '/baton.v1.Worker/UnloadLoRAAdapter',
+                request_serializer=baton_dot_v1_dot_worker__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_worker__pb2.UnloadLoRAAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -136,6 +146,23 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoRAAdapter(self, request, context):
+        """Runtime LoRA (vLLM's /v1/load_lora_adapter): reads and checks the adapter off the engine thread, then serves
+        it. INVALID_ARGUMENT for a bad adapter, ALREADY_EXISTS for a name served here, FAILED_PRECONDITION with LoRA
+        off.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoRAAdapter(self, request, context):
+        """New requests for the adapter are refused at once (NOT_FOUND); the ones it runs finish first, then it is
+        dropped. NOT_FOUND for an adapter this worker does not serve.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +205,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.GetKVSnapshot,
                     request_deserializer=baton_dot_v1_dot_worker__pb2.GetKVSnapshotRequest.FromString,
                     response_serializer=baton_dot_v1_dot_worker__pb2.KVSnapshot.SerializeToString,
+            ),
+            'LoadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoRAAdapter,
+                    request_deserializer=baton_dot_v1_dot_worker__pb2.LoadLoRAAdapterRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_worker__pb2.LoadLoRAAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoRAAdapter,
+                    request_deserializer=baton_dot_v1_dot_worker__pb2.UnloadLoRAAdapterRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_worker__pb2.UnloadLoRAAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +433,60 @@ class Worker:
             '/baton.v1.Worker/GetKVSnapshot',
             baton_dot_v1_dot_worker__pb2.GetKVSnapshotRequest.SerializeToString,
             baton_dot_v1_dot_worker__pb2.KVSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Worker/LoadLoRAAdapter',
+            baton_dot_v1_dot_worker__pb2.LoadLoRAAdapterRequest.SerializeToString,
+            baton_dot_v1_dot_worker__pb2.LoadLoRAAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Worker/UnloadLoRAAdapter',
+            baton_dot_v1_dot_worker__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+            baton_dot_v1_dot_worker__pb2.UnloadLoRAAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,6 +3,8 @@ registered), in host memory (an LRU of `max_cpu_loras`, filled from disk on a lo
 engine thread), and in one of `max_loras` device slots. A sequence holds its adapter's slot from
 admission to its end; a slot nobody holds is reused least recently used first, so an adapter is
 never evicted under a running sequence and a waiting one costs no reload (no thrashing).
+An adapter being unloaded at runtime is retiring: refused to new requests, still served to the
+sequences that have it, and removed once none does (services/engine/lora/runtime.py).
 Under tensor parallelism this is rank 0's, and each of its decisions goes to the other ranks
 (replicas.py)."""
 from __future__ import annotations
@@ -15,7 +17,7 @@ from transformers import PretrainedConfig
 
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.lora.adapter import AdapterWeights, read_adapter
-from baton.services.engine.lora.modules import (LoRAError, LoRAModule, LoRANotFound,
+from baton.services.engine.lora.modules import (LoRAError, LoRAExists, LoRAModule, LoRANotFound,
                                                 parse_lora_modules)
 from baton.services.engine.lora.weights import LoRAState, write_slot
 from baton.services.engine.sequence import Sequence
@@ -52,6 +54,7 @@ class LoRAManager:
         self.slots: list[str | None] = [None] * config.max_loras
         self.idle_slots: OrderedDict[int, None] = OrderedDict()  # held by nobody, LRU first
         self.users: Counter[str] = Counter()
+        self.retiring: set[str] = set()  # unloaded: no new requests, dropped once none runs
         self.slot_loads = 0
         self.prompt_tokens: Counter[str] = Counter()
         self.generation_tokens: Counter[str] = Counter()
@@ -68,13 +71,22 @@ class LoRAManager:
 
     def add(self, module: LoRAModule, weights: AdapterWeights | None = None) -> None:
         """Registers an adapter, read now unless `weights` already are. Raises LoRAError."""
-        if module.name in self.modules or module.name == self.base_name:
-            raise LoRAError(f"the name {module.name!r} is already served here")
+        self.check_free(module.name)
         weights = weights or self.read(module)
         self.modules[module.name] = module
         if self.replicas is not None:
             self.replicas.read(module)
         self._keep(weights)
+
+    def check_free(self, name: str) -> None:
+        """Whether an adapter may be added under `name`. Raises LoRAExists."""
+        if name == self.base_name:
+            raise LoRAExists(f"the name {name!r} is the base model's")
+        if name in self.retiring:
+            raise LoRAExists(f"the LoRA adapter {name!r} is being unloaded; load it again once "
+                             "its running requests have finished")
+        if name in self.modules:
+            raise LoRAExists(f"the LoRA adapter {name!r} has already been loaded")
 
     def remove(self, name: str) -> None:
         """Unregisters an adapter no sequence holds. Raises LoRANotFound, or LoRAError in use."""
@@ -83,6 +95,8 @@ class LoRAManager:
         if self.users[name]:
             raise LoRAError(f"the LoRA adapter {name!r} is in use by {self.users[name]} requests")
         del self.modules[name]
+        self.retiring.discard(name)
+        self.loading.pop(name, None)  # a read under way is dropped: a new load reads anew
         if self.host.pop(name, None) is not None and self.replicas is not None:
             self.replicas.drop(name)
         for slot, held in enumerate(self.slots):
@@ -91,7 +105,8 @@ class LoRAManager:
                 self.idle_slots.pop(slot, None)
 
     def check(self, name: str) -> None:
-        if name not in self.modules:
+        """Whether a new request may name this adapter. Raises LoRANotFound."""
+        if name not in self.modules or name in self.retiring:
             raise LoRANotFound(f"the LoRA adapter {name!r} is not served here")
 
     def acquire(self, seq: Sequence) -> bool:
@@ -101,7 +116,8 @@ class LoRAManager:
         name = seq.lora_name
         if name is None or seq.lora_slot is not None:
             return True
-        self.check(name)
+        if name not in self.modules:  # a retiring adapter still serves the sequences it has
+            raise LoRANotFound(f"the LoRA adapter {name!r} is not served here")
         slot = next((i for i, held in enumerate(self.slots) if held == name), None)
         if slot is None:
             # Nothing is read while every slot is held: an adapter read now could not run, and a
@@ -140,7 +156,8 @@ class LoRAManager:
             self.generation_tokens[name] += generated
 
     def stats(self) -> LoRAStats:
-        return LoRAStats(sorted(self.modules), sorted(n for n in self.slots if n is not None),
+        return LoRAStats(sorted(self.modules.keys() - self.retiring),
+                         sorted(n for n in self.slots if n is not None),
                          self.max_loras, self.slot_loads, dict(self.prompt_tokens),
                          dict(self.generation_tokens))
 

@@ -14,6 +14,10 @@ class LoRANotFound(LoRAError):
     """A request or an unload names an adapter this worker does not serve."""
 
 
+class LoRAExists(LoRAError):
+    """A load names an adapter (or the base model) this worker already serves."""
+
+
 @dataclass(frozen=True)
 class LoRAModule:
     name: str

@@ -1,0 +1,147 @@
+"""Runtime LoRA updates (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter), fanned out to
+every worker serving the adapter's base model: the router lists the workers and their models
+(ListWorkers), and the gateway calls each one's LoadLoRAAdapter or UnloadLoRAAdapter at once, as
+it calls workers for requests.
+
+A load is all or nothing: when a worker refuses it, the workers that took it unload it again and
+the client gets the refusal. A worker that already serves the name while the others take it (it
+was loaded before another worker joined) counts as done, so repeating a load brings new workers up
+to date. An unload succeeds when any worker served the adapter; it is a 404 when none did.
+
+The base model's list of adapters (what `model` may name, /v1/models) changes at once; the router's
+view follows with the workers' next stats. Until it agrees, the change is kept over what the router
+reports (at most PENDING_MAX_S), so a stale report neither revives an unloaded adapter nor hides a
+loaded one."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from baton.services.common.worker_stubs import WorkerStubs
+from baton.services.gateway.served_model import ServedModel
+from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+LIST_TIMEOUT_S = 10.0
+# Reading a large adapter from a slow volume takes a while; the engine keeps serving meanwhile.
+LOAD_TIMEOUT_S = 300.0
+UNLOAD_TIMEOUT_S = 30.0
+PENDING_MAX_S = 60.0
+# A worker's refusal as the client's status and error code.
+STATUS = {grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_value"),
+          grpc.StatusCode.ALREADY_EXISTS: (400, "invalid_value"),
+          grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_value"),
+          grpc.StatusCode.NOT_FOUND: (404, "model_not_found")}
+
+
+class UpdateFailed(Exception):
+    """The update's answer to the client: an HTTP status, message and OpenAI error code, and what
+    the log says of it (`detail`, which may name internal addresses the client is not told)."""
+
+    def __init__(self, status: int, message: str, code: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+        self.detail = detail or message
+
+
+def _failure(error: grpc.aio.AioRpcError, peer: str) -> UpdateFailed:
+    """A worker's refusal, passed on; a transport failure is a plain 503."""
+    details = error.details() or error.code().name
+    if error.code() in STATUS:
+        status, code = STATUS[error.code()]
+        return UpdateFailed(status, details, code)
+    return UpdateFailed(503, f"the {peer} is unavailable ({error.code().name}); try again",
+                        "service_unavailable", f"{peer}: {error.code().name}: {details}")
+
+
+class LoRAUpdates:
+    def __init__(self, channel: grpc.aio.Channel, stubs: WorkerStubs) -> None:
+        self.router = router_pb2_grpc.RouterStub(channel)
+        self.stubs = stubs
+        self._lock = asyncio.Lock()  # one update at a time: a load and an unload never interleave
+
+    async def load(self, request_id: str, model: ServedModel, name: str, path: str) -> None:
+        """Raises UpdateFailed."""
+        async with self._lock:
+            message = worker_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
+            results = await self._each_worker(
+                model.name, lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
+            took = [address for address, r in results.items() if not isinstance(r, Exception)]
+            errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)]
+            if errors and not (took and all(e.code() == grpc.StatusCode.ALREADY_EXISTS
+                                            for e in errors)):
+                await self._roll_back(request_id, name, took)
+                raise _failure(errors[0], "worker")
+            _pending(model, name, present=True)
+
+    async def unload(self, model: ServedModel, name: str) -> int:
+        """Returns the requests still finishing under the adapter. Raises UpdateFailed."""
+        async with self._lock:
+            message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)
+            results = await self._each_worker(
+                model.name, lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
+            done = [r for r in results.values() if not isinstance(r, Exception)]
+            if done:
+                _pending(model, name, present=False)
+            errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)
+                      and r.code() != grpc.StatusCode.NOT_FOUND]
+            if errors or not done:
+                raise _failure((errors or list(results.values()))[0], "worker")
+            return sum(r.finishing_requests for r in done)
+
+    async def _each_worker(self, model: str,
+                           call: Callable[[worker_pb2_grpc.WorkerStub], Awaitable[T]]
+                           ) -> dict[str, T | grpc.aio.AioRpcError]:
+        """Each live worker's of `model` answer (or its error) by address."""
+        try:
+            listing = await self.router.ListWorkers(router_pb2.ListWorkersRequest(),
+                                                    timeout=LIST_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            raise _failure(e, "router") from None
+        addresses = sorted({w.address for w in listing.workers if w.model == model})
+        if not addresses:
+            raise UpdateFailed(503, f"no worker is serving {model} now; try again once one is",
+                               "service_unavailable")
+        answers = await asyncio.gather(*(call(self.stubs.get(a)) for a in addresses),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, Exception) and not isinstance(answer, grpc.aio.AioRpcError):
+                raise answer
+        return dict(zip(addresses, answers))
+
+    async def _roll_back(self, request_id: str, name: str, addresses: list[str]) -> None:
+        message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)
+        for address in addresses:
+            try:
+                await self.stubs.get(address).UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S)
+            except grpc.aio.AioRpcError as e:
+                log.warning("request %s: LoRA adapter %s stays on a worker after a failed load: "
+                            "%s: %s", request_id, name, e.code().name, e.details())
+
+
+def _pending(model: ServedModel, name: str, present: bool) -> None:
+    model.lora_pending[name] = (present, time.monotonic())
+    adapters = set(model.lora_adapters)
+    model.lora_adapters = frozenset(adapters | {name} if present else adapters - {name})
+
+
+def with_pending(pending: dict[str, tuple[bool, float]],
+                 reported: frozenset[str]) -> frozenset[str]:
+    """The adapters the router reports, with the gateway's own recent updates (`pending`, by name:
+    loaded or not, and since when) over them; an update is forgotten once the report agrees with
+    it, or after PENDING_MAX_S."""
+    adapters, now = set(reported), time.monotonic()
+    for name, (present, since) in list(pending.items()):
+        if (name in reported) == present or now - since > PENDING_MAX_S:
+            del pending[name]
+        elif present:
+            adapters.add(name)
+        else:
+            adapters.discard(name)
+    return frozenset(adapters)
