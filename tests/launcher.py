@@ -27,6 +27,7 @@ import psutil
 from baton.services.cli import serve
 from baton.services.cli.main import build_parser
 from baton.services.cli.serve_config import resolve
+from baton.services.cli.serve_models import ModelPlan
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 from baton.v1 import worker_pb2_grpc
 
@@ -136,7 +137,7 @@ def start_stack(model: Path, mode: str = "disaggregated", decode_workers: int = 
     settings = resolve(build_parser("serve").parse_args(argv))
     services: list[ServiceProcess] = []
     try:
-        serve.start_stack(settings, str(model), model.name, services)
+        serve.start_stack(settings, [ModelPlan(str(model), model.name)], services)
     except BaseException:
         for service in services:
             service.terminate()

@@ -7,12 +7,13 @@ the processes that read it. Flags for fields a settings class gains appear here 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import Field, ValidationError
 
 from baton.services.cli.config_file import load_config_file, settings_with_file
+from baton.services.cli.serve_models import add_model_arguments, take_models
 from baton.services.common.settings import (BatonSettings, add_settings_arguments,
                                             describe_error)
 from baton.services.engine.config import EngineConfig
@@ -49,8 +50,9 @@ class ServeConfig(BatonSettings):
 
 
 # Gateway settings that serve sets per process rather than taking as flags: the router's address,
-# and the gateway's metrics port (--gateway-arg=--metrics-port=P gives it one).
-GATEWAY_EXCLUDED = ("router", "metrics_port")
+# the gateway's metrics port (--gateway-arg=--metrics-port=P gives it one), and the further models
+# (serve gives the gateway each repeated --model).
+GATEWAY_EXCLUDED = ("router", "metrics_port", "additional_models")
 # Extra arguments passed through as they are, each repeatable: (option, who gets it).
 PASS_THROUGH = {
     "worker_arg": "every worker, e.g. --worker-arg=--num-kv-blocks=512",
@@ -81,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML file of settings, keyed by flag name (max-model-len: 4096); flags and BATON_* "
              "variables win over it")
     add_settings_arguments(parser, ServeConfig)
-    add_settings_arguments(parser, EngineConfig)
+    add_model_arguments(parser.add_argument_group("the models (each repeatable)"))
+    add_settings_arguments(parser, EngineConfig, exclude=("model", "served_model_name"))
     add_settings_arguments(parser, GatewayConfig,
                            exclude=tuple(set(GatewayConfig.model_fields) - set(gateway_flags())))
     group = parser.add_argument_group("passed through to the processes as they are (repeatable)")
@@ -96,6 +99,9 @@ class ServeSettings:
     engine: EngineConfig
     gateway: GatewayConfig
     extra: dict[str, list[str]]  # PASS_THROUGH name -> its arguments, the file's first
+    # the folders and names of the models after the first (--model repeated), in order
+    more_models: list[str] = field(default_factory=list)
+    more_names: list[str] = field(default_factory=list)
 
     @property
     def auth(self) -> bool:
@@ -103,15 +109,6 @@ class ServeSettings:
         if "auth" in self.gateway.model_fields_set:
             return self.gateway.auth
         return self.gateway.api_keys_file is not None
-
-
-def _model_argument(args: argparse.Namespace) -> None:
-    """The positional model is --model."""
-    if args.model_path is None:
-        return
-    if getattr(args, "model", args.model_path) != args.model_path:
-        raise ValueError(f"two models given: {args.model_path} and --model {args.model}")
-    args.model = args.model_path
 
 
 def _pass_through(args: argparse.Namespace, from_file: dict) -> dict[str, list[str]]:
@@ -128,7 +125,7 @@ def _pass_through(args: argparse.Namespace, from_file: dict) -> dict[str, list[s
 def resolve(args: argparse.Namespace) -> ServeSettings:
     """The settings from the parsed command line, the environment and --config; ValueError, on one
     line, when any is invalid."""
-    _model_argument(args)
+    more_models, more_names = take_models(args)
     from_file = {}
     if args.config_file:
         from_file = load_config_file(args.config_file, serve_fields() | set(PASS_THROUGH))
@@ -136,6 +133,6 @@ def resolve(args: argparse.Namespace) -> ServeSettings:
         return ServeSettings(settings_with_file(ServeConfig, args, from_file),
                              settings_with_file(EngineConfig, args, from_file),
                              settings_with_file(GatewayConfig, args, from_file),
-                             _pass_through(args, from_file))
+                             _pass_through(args, from_file), more_models, more_names)
     except ValidationError as e:
         raise ValueError(describe_error(e)) from None

@@ -4,6 +4,7 @@ the gateway's port, and every process's command line (flags and values, as that 
 and validate them)."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import socket
@@ -75,14 +76,28 @@ def check_command(command: str, argv: list[str]) -> None:
             raise ValueError(f"baton {command}: {describe_error(e)}") from None
 
 
-def check_tensor_parallel(model: str, size: int, mode: str) -> None:
-    """Tensor parallelism is colocated-only for now (the KV hand-off moves one rank's cache), and
-    the model must split over the ranks: each is a one-line ValueError before anything starts."""
-    if size == 1:
+def worker_tp_size(worker_args: list[str], default: int) -> int:
+    """The --tensor-parallel-size (-tp) a worker given these arguments runs at: the last given."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-tp", "--tensor-parallel-size", dest="size", type=int, default=default)
+    known, _ = parser.parse_known_args(worker_args)
+    return known.size
+
+
+def check_tensor_parallel(model: str, sizes: dict[str, int], kv_transport: str) -> None:
+    """Each pool's tensor-parallel size (by role) must split the model, and a prefill pool's and a
+    decode pool's must hand off (equal, or one dividing the other, over NIXL): each is a one-line
+    ValueError before anything starts."""
+    if "prefill" in sizes:
+        from baton.services.worker.kv_transfer.head_ranges import check_tp_pair
+        check_tp_pair(sizes["prefill"], sizes["decode"])
+        if max(sizes.values()) > 1 and kv_transport != "nixl":
+            raise ValueError(f"--tensor-parallel-size above 1 hands KV off between the pools over "
+                             f"--kv-transport nixl only, not {kv_transport}")
+    if max(sizes.values()) == 1:
         return
-    if mode != "colocated":
-        raise ValueError(f"--tensor-parallel-size {size} takes --mode colocated for now: the KV "
-                         "hand-off between prefill and decode workers moves one rank's cache")
     from baton.services.common.model_config import load_config
     from baton.services.engine.parallel.sharding import check_splits
-    check_splits(load_config(Path(model)), size)
+    config = load_config(Path(model))
+    for size in sorted(set(sizes.values())):
+        check_splits(config, size)

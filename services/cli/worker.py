@@ -29,11 +29,12 @@ def run(args: argparse.Namespace) -> int:
 
     engine_config = settings_from_args(EngineConfig, args)
     worker_config = settings_from_args(WorkerConfig, args)
-    if engine_config.tensor_parallel_size > 1 and worker_config.role != "mixed":
-        # The KV hand-off moves one cache; per-rank descriptors are not built yet.
-        raise SystemExit(f"baton worker: --role {worker_config.role} does not take "
-                         "--tensor-parallel-size > 1 yet (the KV hand-off moves one rank's cache); "
-                         "use --role mixed")
+    if (engine_config.tensor_parallel_size > 1 and worker_config.role != "mixed"
+            and worker_config.kv_transport != "nixl"):
+        # Only NIXL reads each rank's heads from every rank's cache (kv_transfer/head_transport).
+        raise SystemExit(f"baton worker: --role {worker_config.role} at --tensor-parallel-size > 1 "
+                         f"hands KV off over --kv-transport nixl only, not "
+                         f"{worker_config.kv_transport}")
     try:
         return asyncio.run(serve(worker_config, engine_config, sim_runner_for(engine_config)))
     except ShardingError as e:

@@ -135,8 +135,7 @@ class EngineConfig(BatonSettings):
         # Each of these moves or computes KV or weights on rank 0 alone today; at TP>1 the other
         # ranks would not follow, so they are refused rather than wrong.
         if self.tensor_parallel_size > 1:
-            for wanted, what in ((self.lora_modules or self.enable_lora, "LoRA adapters"),
-                                 (self.speculative_config, "--speculative-config"),
+            for wanted, what in ((self.speculative_config, "--speculative-config"),
                                  (self.kv_offload_host_gib > 0, "KV tiers (--kv-offload-*)")):
                 if wanted:
                     raise ValueError(f"{what} with --tensor-parallel-size > 1 are not supported "

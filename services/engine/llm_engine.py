@@ -18,6 +18,7 @@ from baton.services.engine.kv.handoff import HandoffTable, HeldKV
 from baton.services.engine.kv.tiers.manager import TierManager
 from baton.services.engine.lora.manager import LoRAManager
 from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.parallel.executor import Executor
 from baton.services.engine.output_processor import OutputProcessor
 from baton.services.engine.requests import EngineRequest, RequestIntake
 from baton.services.engine.runner import Runner, SimRunnerFactory
@@ -40,6 +41,7 @@ SERVING_API = frozenset({
     "reserve_prefilled", "commit_prefilled", "park_reserved", "release_parked",
     "held_kv", "release_kv",  # hand-off, prefill side
     "stats", "model_id", "block_size", "max_model_len", "kv_cache",  # load and shape
+    "attention_heads", "rank_executor",  # KV hand-off across tensor-parallel sizes
     # the prefix cache, mirrored by the router
     "record_block_events", "drain_block_events", "cached_block_hashes",
 })
@@ -302,6 +304,17 @@ class LLMEngine:
     def kv_cache(self) -> torch.Tensor:
         """[layers, blocks, 2, block_size, kv heads, head dim]: what KV transports register."""
         return self.runner.kv_cache
+
+    @property
+    def attention_heads(self) -> tuple[int, int]:
+        """The model's (query heads, KV heads), which its tensor-parallel ranks split."""
+        return self.model_config.num_attention_heads, self.model_config.num_key_value_heads
+
+    @property
+    def rank_executor(self) -> Executor | None:
+        """Rank 0's line to the other tensor-parallel ranks (rank tasks: each rank's KV agent and
+        share of a hand-off); None at TP=1."""
+        return getattr(self.runner, "executor", None)
 
     def record_block_events(self) -> None:
         """From now on, log each block that becomes hittable or stops being so."""

@@ -16,6 +16,7 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from baton.services.engine.layers.attention import (Attention, AttentionMetadata, PrefillSpan,
                                                     plan_torch)
+from baton.services.engine.lora.replicas import LoRAReplicas
 from baton.services.engine.lora.weights import LoRAState, attach
 from baton.services.engine.models.loader import load_model
 from baton.services.engine.parallel.executor import Executor, start_executor
@@ -78,6 +79,8 @@ class ModelRunner:
         self.lora: LoRAState | None = None
         if engine.enable_lora:
             self.lora = attach(self.model, engine.max_loras, engine.max_lora_rank, dtype, device)
+            if self.executor is not None:
+                self.lora.replicas = LoRAReplicas(self.executor.send)
         # Every rank's cache has the same blocks (rank 0 allocates for all): the fewest any fits.
         self.num_blocks = tp.min_int(kv_cache.num_blocks(engine, config, dtype, device,
                                                          max_model_len, kv_blocks_wanted, kv_heads))
@@ -151,6 +154,8 @@ class ModelRunner:
     def execute_follower(self, packed: list[MirrorItem], score_rows: list[tuple[int, int]]) -> None:
         """A rank other than 0: the same forward pass and lm_head calls as rank 0's execute, whose
         logits only rank 0 receives."""
+        if self.lora is not None:
+            self.lora.indices = None
         ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
         for start, stop in score_rows:

@@ -41,6 +41,10 @@ class GatewayConfig(BatonSettings):
     served_model_name: str | None = Field(
         None,
         description="Model name clients use; must match the workers' (default: the folder's name)")
+    additional_models: list[str] = Field(
+        [],
+        description="Further base models behind this gateway, each NAME=PATH (the checkpoint "
+                    "folder of its tokenizer and chat template); the router must route each NAME")
     max_model_len: int | None = Field(None, ge=1,
                                       description="Context length (default: the model's)")
     max_logprobs: int = Field(

@@ -64,6 +64,7 @@ class ChoiceRequest:
     # the request's prompt_cache_key: the router keeps requests that share it on one worker
     affinity_key: str = ""
     lora_name: str | None = None  # the LoRA adapter its `model` named; None: the base model
+    model: str | None = None  # the base model it runs on (an adapter's parent); None: the router's
 
 
 @dataclass
@@ -88,6 +89,9 @@ def _refusal(error: grpc.aio.AioRpcError, request_id: str, peer: str) -> Refused
                        float(retry_ms) / 1000 if retry_ms else 1.0)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return Refused(400, details, "invalid_value")
+    if code == grpc.StatusCode.NOT_FOUND and "rejection-reason" in trailing:
+        # the router routes no such model (the gateway's list of models was out of date)
+        return Refused(404, details, "model_not_found")
     if "rejection-reason" in trailing:  # the router's refusal (no_workers)
         return Refused(503, f"no worker can serve this request now: {details}",
                        "service_unavailable", 1.0)
@@ -121,7 +125,7 @@ class Orchestrator:
                                excluded_worker_ids=frozenset(excluded),
                                first_token_at_prefill=first_token_at_prefill(choice.params),
                                affinity_key=choice.affinity_key,
-                               lora_name=choice.lora_name)
+                               lora_name=choice.lora_name, model=choice.model)
         try:
             return await self.router.Place(place_request_to_proto(request),
                                            metadata=choice.metadata)

@@ -90,7 +90,7 @@ class ResponsesService:
         except ProtocolError as e:
             raise renamed(e) from None
         inputs = stored_items(items)
-        job = Job(oai, api, response_body(oai, response_id, gateway.model_name, "in_progress", []),
+        job = Job(oai, api, response_body(oai, response_id, api.model_name(), "in_progress", []),
                   inputs, history + inputs)
         try:
             return await self._run(job, request)
@@ -125,7 +125,7 @@ class ResponsesService:
         return JSONResponse(await self._finish_collected(job, states[0]))
 
     async def _finish_collected(self, job: Job, state: Choice) -> dict[str, Any]:
-        parser = job.api.oai.tool_parser(self.gateway.tool_parser)
+        parser = job.api.oai.tool_parser(job.api.served.tool_parser)
         output = output_items(state.text, parser)
         return await self._finish(job, output, state)
 
@@ -137,7 +137,7 @@ class ResponsesService:
             error = {"code": "server_error", "message": "the response could not be completed"}
         usage = usage_of(len(state.prompt_token_ids), state.num_cached_tokens,
                          len(state.token_ids))
-        body = {**response_body(job.request, job.api.response_id, self.gateway.model_name, status,
+        body = {**response_body(job.request, job.api.response_id, job.api.model_name(), status,
                                 output, usage, incomplete, error),
                 "created_at": job.body["created_at"]}
         if job.request.store:
@@ -151,7 +151,7 @@ class ResponsesService:
         if running is None:
             self._abandon(job, "cancelled", None)
             return Response(status_code=CLIENT_CLOSED)
-        writer = ResponsesEventWriter(job.api.oai, job.body, self.gateway.tool_parser)
+        writer = ResponsesEventWriter(job.api.oai, job.body, job.api.served.tool_parser)
         response = StreamedResponse(self.serving, running, writer)
         response.body_iterator = self._stream_end(response.body_iterator, job, writer,
                                                   running.states[0])

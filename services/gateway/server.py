@@ -11,10 +11,8 @@ from pathlib import Path
 
 import uvicorn
 from prometheus_client import CollectorRegistry
-from transformers import AutoTokenizer
 
 from baton.services.common.http_probe import serve_probes
-from baton.services.common.model_config import context_length, load_config
 from baton.services.common.tracing import setup_tracing
 from baton.services.gateway.app import create_app
 from baton.services.gateway.config import GatewayConfig
@@ -24,11 +22,12 @@ from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator, PrefillDeadline
 from baton.services.gateway.rate_limits.limiter import build_limiter
 from baton.services.gateway.readiness import RouterHealth
+from baton.services.gateway.served_model import (ServedModel, load_served_model,
+                                                  parse_model_entry)
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import KeyStore
 from baton.services.gateway.usage_meter import UsageMeter
 from baton.services.gateway.worker_limits import WorkerLimits
-from baton.services.openai.tool_parsers import parser_for_model
 from baton.services.state.durations import parse_duration
 from baton.services.state.store import StateStore
 from baton.services.state.urls import StoreUnavailable
@@ -40,7 +39,6 @@ def build_gateway(config: GatewayConfig) -> Gateway:
     if config.model is None:
         from baton.services.checkpoints.tiny_model import embedded_model_path
         config = config.model_copy(update={"model": str(embedded_model_path())})
-    model_dir = Path(config.model)
     keys = None
     if config.auth:
         if config.api_keys_file is None:
@@ -49,24 +47,33 @@ def build_gateway(config: GatewayConfig) -> Gateway:
         keys = KeyStore.load(config.api_keys_file)
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry, config.tenant_metrics_label)
-    model_config = load_config(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     orchestrator = Orchestrator(
         config.router, config.max_migrations,
         PrefillDeadline(config.prefill_timeout_slo_factor, config.prefill_timeout_s))
     store = StateStore(config.state_store, config.state_store_timeout_s)
     ttl_s = parse_duration(config.response_ttl) if config.response_ttl else None
     meter = UsageMeter(store, metrics.state_store_failures, config.usage_stale_after_s, ttl_s)
+    models = served_models(config, str(config.model))
     return Gateway(
-        config=config, tokenizer=tokenizer, model_name=config.served_model_name or model_dir.name,
-        max_model_len=context_length(model_config,
-                                     config.max_model_len), vocab_size=model_config.vocab_size,
-        orchestrator=orchestrator, keys=keys, metrics=metrics, registry=registry,
-        limiter=build_limiter(config, metrics),
-        tool_parser=parser_for_model(config.tool_call_parser, model_config.model_type, tokenizer),
+        config=config, models=models, orchestrator=orchestrator, keys=keys, metrics=metrics,
+        registry=registry, limiter=build_limiter(config, metrics),
         router_health=RouterHealth(orchestrator.channel, config.router_check_interval_s,
                                    metrics.router_up),
         store=store, meter=meter, response_ttl_s=ttl_s)
+
+
+def served_models(config: GatewayConfig, path: str) -> dict[str, ServedModel]:
+    """--model's folder `path` (named --served-model-name, else the folder's name) first, then
+    --additional-models; ValueError for a name given twice."""
+    name = config.served_model_name or Path(path).name
+    models = {name: load_served_model(name, path, config.tool_call_parser, config.max_model_len)}
+    for entry in config.additional_models:
+        extra, extra_path = parse_model_entry(entry)
+        if extra in models:
+            raise ValueError(f"--additional-models: the model name {extra!r} is given twice")
+        models[extra] = load_served_model(extra, extra_path, config.tool_call_parser,
+                                          config.max_model_len, strict_limit=False)
+    return models
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -153,7 +160,7 @@ async def serve(config: GatewayConfig) -> int:
         # The one line launchers and tests wait for.
         print(
             f"baton gateway ready: address={config.host}:{port} url=http://{config.host}:{port}/v1 "
-            f"model={gateway.model_name}{metrics_at}", flush=True)
+            f"model={','.join(gateway.models)}{metrics_at}", flush=True)
     try:
         await task
     finally:

@@ -23,6 +23,7 @@ from baton.services.gateway.choices import ChoiceState
 from baton.services.gateway.config import SLO, parse_slos
 from baton.services.gateway.orchestrator import ChoiceProgress, ChoiceRequest, Refused
 from baton.services.gateway.rate_limits.limiter import Reservation
+from baton.services.gateway.served_model import ServedModel
 from baton.services.gateway.state import Gateway
 from baton.services.gateway.tenants import Tenant
 from baton.services.gateway.usage_meter import UsageTicket
@@ -46,6 +47,7 @@ class ApiRequest:
     started: float  # time.monotonic() at arrival
     trace_headers: dict[str, str]
     reservation: Reservation
+    served: ServedModel  # the base model it runs on: its tokenizer, template and workers
     # set once its choices start: from then on the end of the last one settles the reservation
     launched: bool = False
     completion_tokens: int = 0  # the choices' outputs so far, summed when each ends
@@ -54,6 +56,11 @@ class ApiRequest:
     key_id: str | None = None  # the API key's id (tenants.key_id), for the usage record
     usage: UsageTicket | None = None  # its usage record, from its start
     failed: bool = False  # a choice ended in an error
+
+    def model_name(self) -> str:
+        """The name its answers carry: the adapter's, as vLLM answers a request to an adapter,
+        else its base model's."""
+        return self.lora_name or self.served.name
 
 
 @dataclass
@@ -99,12 +106,16 @@ class Serving:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.slos = parse_slos(gateway.config.slos)
-        self.text_of = TokenText(gateway.tokenizer)
-        self.text_of_ids = TokenText(gateway.tokenizer, as_ids=True)
+        # per checkpoint folder and naming (text, or ids): each caches its tokens' texts
+        self._token_texts: dict[tuple[str, bool], TokenText] = {}
 
-    def token_text(self, request: OpenAIRequest) -> TokenText:
-        """How the request's logprobs name tokens: text, or "token_id:N"."""
-        return self.text_of_ids if request.return_tokens_as_token_ids else self.text_of
+    def token_text(self, api: ApiRequest) -> TokenText:
+        """How the request's logprobs name tokens of its model: text, or "token_id:N"."""
+        as_ids = bool(api.oai.return_tokens_as_token_ids)
+        key = (api.served.path, as_ids)
+        if key not in self._token_texts:
+            self._token_texts[key] = TokenText(api.served.tokenizer, as_ids=as_ids)
+        return self._token_texts[key]
 
     def slo_for(self, priority: int) -> SLO | None:
         """The target of the nearest priority at or below this one (a higher class inherits a
@@ -135,7 +146,7 @@ class Serving:
         meter = self.gateway.meter
         if meter is not None:
             api.usage = meter.open(api.response_id, api.tenant.name, api.key_id, api.endpoint,
-                                   self.gateway.model_name, api.inp.prompt_tokens, states)
+                                   api.served.name, api.inp.prompt_tokens, states)
         self.gateway.metrics.in_flight.inc()
         try:
             first = await events.get()
@@ -191,7 +202,7 @@ class Serving:
                              inp.params.for_choice(state.index), api.tenant.name,
                              api.priority, salt, slo.ttft_ms if slo else None,
                              slo.tpot_ms if slo else None, metadata,
-                             api.oai.prompt_cache_key or "", api.lora_name)
+                             api.oai.prompt_cache_key or "", api.lora_name, api.served.name)
 
     async def _run_choice(self, api: ApiRequest, state: ChoiceState, events: asyncio.Queue,
                           metadata: tuple[tuple[str, str], ...]) -> None:

@@ -15,7 +15,9 @@ import time
 
 import grpc
 
+from baton.services.common.messages.router import ModelStats
 from baton.services.common.wire.router import router_stats_from_proto
+from baton.services.gateway.served_model import ServedModel
 from baton.services.gateway.state import Gateway
 from baton.v1 import router_pb2, router_pb2_grpc
 
@@ -43,21 +45,38 @@ class WorkerLimits:
                                           timeout=self.interval_s))
         except grpc.aio.AioRpcError:
             return None
-        self.gateway.lora_adapters = frozenset(stats.lora_adapters)
-        if not stats.max_model_len:
-            return False
-        self._apply(stats.model, stats.max_model_len)
-        return True
+        # A router of one model (an older one lists none) reports it in the top-level fields.
+        served = stats.served_models or (ModelStats(stats.model, stats.max_model_len,
+                                                     stats.lora_adapters),)
+        self._rename_default(served[0].name)
+        for entry in served:
+            model = self.gateway.models.get(entry.name)
+            if model is None:
+                continue  # the router routes a model this gateway has no tokenizer for
+            model.lora_adapters = frozenset(entry.lora_adapters)
+            if entry.max_model_len:
+                self._apply(model, entry.max_model_len)
+        return bool(served[0].max_model_len)
 
-    def _apply(self, model: str, workers_limit: int) -> None:
-        gateway, config = self.gateway, self.gateway.config
-        limit = min(workers_limit, config.max_model_len or workers_limit)
-        name = config.served_model_name or model or gateway.model_name
-        if (name, limit) == (gateway.model_name, gateway.max_model_len):
+    def _rename_default(self, routed: str) -> None:
+        """The default model takes the router's name for it unless --served-model-name set one."""
+        gateway = self.gateway
+        default = gateway.default_model
+        if (not routed or gateway.config.served_model_name or routed == default.name
+                or routed in gateway.models):
             return
-        log.info("the workers serve %s with max_model_len %d (the gateway had %s, %d)", name, limit,
-                 gateway.model_name, gateway.max_model_len)
-        gateway.model_name, gateway.max_model_len = name, limit
+        log.info("the workers serve %s (the gateway had %s)", routed, default.name)
+        default.name = routed
+        gateway.models = {m.name: m for m in gateway.models.values()}
+
+    def _apply(self, model: ServedModel, workers_limit: int) -> None:
+        config = self.gateway.config
+        limit = min(workers_limit, config.max_model_len or workers_limit)
+        if limit == model.max_model_len:
+            return
+        log.info("the workers serve %s with max_model_len %d (the gateway had %d)", model.name,
+                 limit, model.max_model_len)
+        model.max_model_len = limit
 
     async def first(self) -> None:
         """At start: the workers' limit, if a reachable router reports one soon."""
@@ -66,7 +85,7 @@ class WorkerLimits:
             await asyncio.sleep(FIRST_REPORT_POLL_S)
         if not known:
             log.info("no worker limit from the router yet: max_model_len %d until one reports",
-                     self.gateway.max_model_len)
+                     self.gateway.default_model.max_model_len)
 
     async def watch(self) -> None:
         while True:

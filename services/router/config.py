@@ -87,7 +87,13 @@ class RouterConfig(BatonSettings, PluginSettings):
     overrides."""
     model: str = Field(
         "baton-tiny",
-        description="Served model name; part of every prefix-cache hash, as on workers")
+        description="Served model name; part of every prefix-cache hash, as on workers; requests "
+                    "that name no model run on it")
+    additional_models: list[str] = Field(
+        [],
+        description="Further served model names this router routes (several base models behind "
+                    "one gateway): each worker serves one, and a request goes only to workers of "
+                    "its model")
     block_size: int = Field(16, ge=1, le=256,
                             description="Tokens per KV block; must match the workers'")
     seed: int | None = Field(
@@ -180,6 +186,10 @@ class RouterConfig(BatonSettings, PluginSettings):
         100_000, ge=0,
         description="Most affinity keys (prompt_cache_key) whose last worker is remembered, least "
                     "recently used dropped; 0 turns the affinity_key scorer's memory off")
+
+    def served_models(self) -> tuple[str, ...]:
+        """Every model this router routes, --model first."""
+        return (self.model, *(m for m in self.additional_models if m != self.model))
 
     def plugin_settings(self) -> PluginSettings:
         return PluginSettings(**{name: getattr(self, name) for name in PluginSettings.model_fields})

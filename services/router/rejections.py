@@ -16,11 +16,14 @@ class RejectReason(str, enum.Enum):
     SHED = "shed"  # sheddable (negative priority) and every worker is saturated
     # no worker can take it at all (none registered, all draining or broken)
     NO_WORKERS = "no_workers"
+    UNKNOWN_MODEL = "unknown_model"  # names a model this router does not route
 
     @property
     def grpc_status(self) -> str:
         """The grpc.StatusCode name a servicer answers with; the gateway maps RESOURCE_EXHAUSTED to
         HTTP 429."""
+        if self is RejectReason.UNKNOWN_MODEL:
+            return "NOT_FOUND"
         return "UNAVAILABLE" if self is RejectReason.NO_WORKERS else "RESOURCE_EXHAUSTED"
 
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
@@ -35,6 +35,7 @@ from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.registry import scorer_class
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
+from baton.services.router.served_models import served_model_stats
 from baton.services.router.ttft_predictor import TTFTPredictor
 from baton.services.router.worker_state import CircuitBreaker, SaturationLimits, WorkerState
 
@@ -115,9 +116,10 @@ class Router:
         worker)."""
         if not worker_id or not address:
             raise ValueError("a worker needs an id and an address")
-        if model and model != self.config.model:
-            raise ValueError(
-                f"worker {worker_id} serves {model!r}, this router routes {self.config.model!r}")
+        model = model or self.config.model
+        if model not in self.config.served_models():
+            raise ValueError(f"worker {worker_id} serves {model!r}, this router routes "
+                             f"{', '.join(map(repr, self.config.served_models()))}")
         if block_size and block_size != self.config.block_size:
             raise ValueError(
                 f"worker {worker_id} has block size {block_size}, the router "
@@ -126,12 +128,13 @@ class Router:
         ttl = self.config.worker_lease_ttl_s if lease_ttl_s is None else lease_ttl_s
         with self._lock:
             worker = self._workers.get(worker_id)
-            if worker is None or worker.role is not Role(role) or worker.address != address:
+            if (worker is None or worker.role is not Role(role) or worker.address != address
+                    or worker.model != model):
                 if worker is not None:
                     self.index.remove_worker(worker_id)
                 breaker = CircuitBreaker(self.config.circuit_failure_threshold,
                                          self.config.circuit_cooldown_s)
-                worker = WorkerState(worker_id, address, Role(role), breaker)
+                worker = WorkerState(worker_id, address, Role(role), breaker, model=model)
                 self._workers[worker_id] = worker
                 self.index.set_events_available(worker_id, False)
             worker.lease_expires_at = self._clock() + ttl
@@ -242,8 +245,13 @@ class Router:
         or refuses. ValueError for a malformed request."""
         started = time.perf_counter()
         self._validate(req)
+        req = replace(req, model=req.model or self.config.model)
+        if req.model not in self.config.served_models():
+            return self._reject(req.request_id, RejectReason.UNKNOWN_MODEL,
+                                f"model {req.model!r} is not served here; this router routes "
+                                f"{', '.join(map(repr, self.config.served_models()))}")
         # Hashing is the costliest step and needs no shared state, so it runs outside the lock.
-        hashes = block_hashes(req.prompt_token_ids, self.config.block_size, self.config.model,
+        hashes = block_hashes(req.prompt_token_ids, self.config.block_size, req.model,
                               req.cache_salt, lora_name=req.lora_name)
         slo_s = req.ttft_slo_s if req.ttft_slo_s is not None else self.config.default_ttft_slo_s
         tpot_slo_s = (req.tpot_slo_s
@@ -304,8 +312,13 @@ class Router:
         return self.admission.queue.tokens_ahead(priority) / rate if rate > 0 else 0.0
 
     def _plan(self, pending: Pending, now: float) -> Plan | Rejection | None:
-        return self.planner.plan(pending, self._workers.values(), self._decode_picker,
-                                 self._prefill_picker, now)
+        # Only the request's model's pools are candidates, before any plugin sees them: the
+        # TPOT fit and the disaggregation decision judge load, and another model's workers
+        # must not count toward it.
+        model = pending.request.model
+        candidates = [w for w in self._workers.values() if w.model == model]
+        return self.planner.plan(pending, candidates, self._decode_picker, self._prefill_picker,
+                                 now)
 
     def _commit(self, plan: Plan, pending: Pending, now: float) -> Placement:
         req, sreq, bs = pending.request, plan.sreq, self.config.block_size
@@ -435,12 +448,11 @@ class Router:
                     sum(w.inflight_requests() for w in members),
                     sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
                     sum(w.is_saturated(now, self.limits) for w in members))
-            reports = [w.report for w in self._workers.values()
-                       if w.is_alive(now) and w.report is not None]
-            limits = [r.max_model_len for r in reports if r.max_model_len]
-            adapters = tuple(sorted(set().union(*(r.lora_adapters for r in reports))))
+            live = [w for w in self._workers.values() if w.is_alive(now)]
+            served = served_model_stats(self.config.served_models(), live)
             return RouterStats(pools, len(self.admission.queue), len(self._leases),
-                               self.config.model, min(limits, default=0), adapters)
+                               self.config.model, served[0].max_model_len,
+                               served[0].lora_adapters, served)
 
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:

@@ -91,6 +91,7 @@ class WorkerState:
     lease_expires_at: float = float("inf")
     draining: bool = False
     report: LoadReport | None = None
+    model: str = ""  # the base model it serves (with its adapters); requests for it only go here
     # This router's outstanding reservations (lease id -> reservation); the unseen ones (placed
     # after the last report) are kept apart, oldest first, with running sums so a decision never
     # walks them.

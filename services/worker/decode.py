@@ -51,7 +51,8 @@ class Served:
 
 
 def peer_of(handle: KVHandle) -> KVPeer:
-    return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port, handle.layout)
+    return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port, handle.layout,
+                  handle.rank_peers)
 
 
 class DecodeSide:

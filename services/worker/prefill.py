@@ -83,7 +83,8 @@ class PrefillSide:
                         agent_name=peer.name, agent_host=peer.host, agent_port=peer.port,
                         layout=peer.layout, block_ids=tuple(held.block_ids), num_tokens=num_tokens,
                         expires_at_unix_ms=int(expires_at * 1000),
-                        block_hashes=tuple(held.block_hashes))
+                        block_hashes=tuple(held.block_hashes),
+                        rank_peers=self.transport.rank_peers())
 
     async def leased_blocks(self, request_id: str, block_ids: list[int]) -> list[int]:
         """The blocks of a live lease that a pull asks for; raises UnknownHandle otherwise."""

@@ -55,7 +55,8 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig,
     kv_port = port if config.kv_transport == "grpc" else config.kv_port or port + 1
     transport = make_transport(config.kv_transport, engine.kv_cache, name=f"baton-{worker_id}",
                                host=host, port=kv_port, registry=registry,
-                               ucx_tls=config.kv_ucx_tls)
+                               ucx_tls=config.kv_ucx_tls, heads=engine.attention_heads,
+                               executor=engine.rank_executor)
     loop = EngineLoop(engine, asyncio.get_running_loop())
     events = KVEventLog(config.kv_event_buffer)
     loop.after_step.append(events.drain)

@@ -163,10 +163,11 @@ def test_bad_tensor_parallel_settings_fail_in_one_line(tiny_model_dirs, tmp_path
                  "-tp", "4", *FLAGS]) == 2
     assert "baton run-batch: error: --tensor-parallel-size 4 does not divide" in \
         capsys.readouterr().err
-    with pytest.raises(SystemExit, match="--role prefill does not take --tensor-parallel-size"):
-        main(["worker", "--role", "prefill", "--model", qwen3, "-tp", "2"])
-    assert main(["serve", qwen3, "--tensor-parallel-size", "2"]) == 2
-    assert "takes --mode colocated" in caplog.text
+    with pytest.raises(SystemExit, match="hands KV off over --kv-transport nixl only, not grpc"):
+        main(["worker", "--role", "prefill", "--model", qwen3, "-tp", "2",
+              "--kv-transport", "grpc"])
+    assert main(["serve", qwen3, "--tensor-parallel-size", "2", "--kv-transport", "grpc"]) == 2
+    assert "over --kv-transport nixl only, not grpc" in caplog.text
 
 
 def test_bench_tp_prints_both_sizes_and_times_the_collectives(tiny_model_dirs, tmp_path, capsys):

@@ -23,10 +23,11 @@ IN_FLIGHT = "baton_gateway_requests_in_flight"
 async def _request(serving: Serving, stream: bool) -> ApiRequest:
     gateway = serving.gateway
     oai = parse_request("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream})
-    inp = to_engine_input(oai, gateway.tokenizer, gateway.max_model_len)
+    served = gateway.default_model
+    inp = to_engine_input(oai, served.tokenizer, served.max_model_len)
     reservation = await gateway.limiter.admit("default", None, 1000, 10)
     return ApiRequest(oai, inp, gateway.default_tenant(), 2**40, new_response_id(oai), 0.0, {},
-                      reservation)
+                      reservation, served)
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,7 @@ import pytest
 from baton.services.cli import serve
 from baton.services.cli.main import build_parser
 from baton.services.cli.serve_config import ServeSettings, resolve
+from baton.services.cli.serve_models import ModelPlan
 from baton.services.engine.config import EngineConfig
 from baton.services.gateway.config import GatewayConfig
 
@@ -79,11 +80,12 @@ def test_settings_reach_the_processes_that_read_them() -> None:
     assert decode.args[-2:] == ["--num-kv-blocks=64", "--seed=7"]
     assert "--gpu-memory-utilization=0.2000" in prefill.args
     assert "--gpu-memory-utilization=0.6000" in decode.args
-    gateway = serve.gateway_args(given, "/m/dir", "name", "127.0.0.1:1")
+    gateway = serve.gateway_args(given, [ModelPlan("/m/dir", "name")], "127.0.0.1:1")
     assert {"--max-model-len=256", "--slos=0=500/50", "--max-migrations=0", "--no-auth"} <= set(
         gateway)
     assert "--max-num-seqs=4" not in gateway  # not a gateway setting
-    assert "--block-size=32" in serve.router_args(given, "name", ["127.0.0.1:2"])
+    assert "--block-size=32" in serve.router_args(given, [ModelPlan("/m/dir", "name")],
+                                                  ["127.0.0.1:2"])
 
 
 def test_keys_turn_auth_on() -> None:

@@ -1,7 +1,8 @@
-"""`baton serve MODEL --lora-modules ...` in both modes: three PEFT adapters of different ranks and
-targets and the base model, asked at once through the official client, answer greedily what
-transformers + peft answer, token for token; /v1/models lists the adapters under their base; a
-model nobody serves is a 404 and the server goes on serving."""
+"""`baton serve MODEL --lora-modules ...` in both modes and colocated at tensor parallelism 2: three
+PEFT adapters of different ranks and targets and the base model, asked at once through the
+official client, answer greedily what transformers + peft answer, token for token; /v1/models
+lists the adapters under their base; a model nobody serves is a 404 and the server goes on
+serving."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,14 @@ from tests.engine.lora_helpers import (assert_matches, greedy_reference, make_ad
 from tests.launcher import ServeCommand, wait_for
 
 NEW_TOKENS = 10
-MODES = ["colocated", "disaggregated"]
+# A stack with two engine ranks starting on a loaded 2-core machine: generous bounds.
+pytestmark = pytest.mark.timeout(900)
+# Disaggregated: every prompt is prefilled on the prefill worker and handed off, so the decode
+# worker runs the adapter the hand-off names. TP=2: the worker's second rank fills its slots as
+# the first one does.
+MODES = {"colocated": ["--mode", "colocated"],
+         "disaggregated": ["--mode", "disaggregated", "--router-arg=--max-local-prefill-tokens=0"],
+         "colocated-tp2": ["--mode", "colocated", "-tp", "2"]}
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +39,17 @@ def lora_case(tiny_model_dirs, tmp_path_factory) -> dict:
     return {"model": model_dir, "adapters": adapters, "prompts": prompts, "want": want}
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(scope="module", params=list(MODES))
 def served(request, lora_case):
     modules = [f"{name}={path}" for name, path in lora_case["adapters"].items()]
     # The JSON form too, naming its base model.
     name, path = modules.pop().split("=")
     modules.append(json.dumps({"name": name, "path": path, "base_model_name": "llama"}))
-    # Disaggregated: every prompt is prefilled on the prefill worker and handed off, so the decode
-    # worker runs the adapter the hand-off names.
-    handoff = ["--router-arg=--max-local-prefill-tokens=0"] if request.param == MODES[1] else []
-    serve = ServeCommand(str(lora_case["model"]), "--mode", request.param, "--dtype", "float32",
-                         "--max-loras", "2", "--worker-arg=--num-kv-blocks=256", *handoff,
+    serve = ServeCommand(str(lora_case["model"]), *MODES[request.param], "--dtype", "float32",
+                         "--max-loras", "2", "--worker-arg=--num-kv-blocks=256",
                          "--lora-modules", *modules)
     try:
-        assert serve.ready.wait(300), "\n".join(serve.lines)
+        assert serve.ready.wait(480), "\n".join(serve.lines)
         yield serve
     finally:
         serve.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from baton.operators.autoscaler import signals
-from tests.helm.conftest import CHART
+from tests.helm.conftest import CHART, REPO
 
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -80,3 +80,35 @@ def test_metric_check_catches_an_unknown_name() -> None:
     }
     assert metric_names("sum(rate(baton_time_to_first_token_seconds_bucket[1m]))") == \
         {"baton_time_to_first_token_seconds"}
+
+
+def model_labelled_metrics() -> set[str]:
+    """The metrics docs/metrics.md gives a `model_name` label: every engine metric, and the
+    worker's that list it among their labels."""
+    names, section = set(), ""
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        section = line if line.startswith("## ") else section
+        row = re.match(r"\| `(baton_[a-z0-9_]+)` \|", line)
+        if row and (section.startswith("## Engine") or "model_name" in line.split("|")[3]):
+            names.add(row.group(1))
+    return names
+
+
+SELECTOR = re.compile(r"(baton_[a-z0-9_]+)\{([^}]*)\}")
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_model_labelled_series_follow_the_model_selector(path: Path) -> None:
+    """Several base models behind one gateway: each panel over a series carrying `model_name`
+    shows the models the `model` variable selects, and the dashboard offers that variable."""
+    dashboard = json.loads(path.read_text())
+    labelled = model_labelled_metrics()
+    assert {"baton_num_requests_running", "baton_time_to_first_token_seconds"} <= labelled
+    selected = 0
+    for expr in expressions(dashboard):
+        for metric, selector in SELECTOR.findall(expr):
+            if metric_names(metric) & labelled and "label_values" not in expr:
+                assert 'model_name=~"$model"' in selector, f"{metric} in {path.name}: {expr}"
+                selected += 1
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert ("model" in names) == (selected > 0), path.name

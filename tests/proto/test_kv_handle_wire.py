@@ -3,7 +3,7 @@ trip field for field."""
 from dataclasses import fields
 
 from baton.services.engine.kv.layout import KVLayout
-from baton.services.worker.kv_transfer.base import (KVHandle, kv_handle_from_proto,
+from baton.services.worker.kv_transfer.base import (KVHandle, KVRankPeer, kv_handle_from_proto,
                                                     kv_handle_to_proto, layout_from_proto,
                                                     layout_to_proto)
 from baton.v1 import worker_pb2 as pb
@@ -19,6 +19,7 @@ def _names(message: type) -> set[str]:
 def test_dataclasses_and_messages_declare_the_same_fields() -> None:
     assert {f.name for f in fields(KVLayout)} == _names(pb.KVLayout)
     assert {f.name for f in fields(KVHandle)} == _names(pb.KVHandle)
+    assert {f.name for f in fields(KVRankPeer)} == _names(pb.KVRankPeer)
 
 
 def test_layout_round_trip_is_identity() -> None:
@@ -30,7 +31,9 @@ def _fully_populated() -> KVHandle:
     return KVHandle(request_id="req-1", worker_id="prefill-0", worker_address="10.0.0.7:50051",
                     transport="nixl", agent_name="agent-0", agent_host="10.0.0.7", agent_port=5600,
                     layout=LAYOUT, block_ids=(4, 9, 2), num_tokens=40,
-                    expires_at_unix_ms=1_800_000_000_000, block_hashes=((1 << 63) + 5, 17))
+                    expires_at_unix_ms=1_800_000_000_000, block_hashes=((1 << 63) + 5, 17),
+                    rank_peers=(KVRankPeer("agent-0", "10.0.0.7", 5600, LAYOUT, 0, 4),
+                                KVRankPeer("agent-0-rank1", "10.0.0.7", 5601, LAYOUT, 4, 4)))
 
 
 def test_every_handle_field_is_set_on_the_wire() -> None:

@@ -7,8 +7,8 @@ import pytest
 
 from baton.services.common.decode_cost import DecodeCostFit
 from baton.services.common.limits import MAX_PROMPT_TOKENS
-from baton.services.common.messages.router import (DisaggReason, Placement, PlaceRequest, PoolStats,
-                                                   Release, RouterStats)
+from baton.services.common.messages.router import (DisaggReason, ModelStats, Placement,
+                                                   PlaceRequest, PoolStats, Release, RouterStats)
 from baton.services.common.messages.worker import EventKind, KVEvent, KVEventBatch, KVSnapshot
 from baton.services.common.roles import Role
 from baton.services.common.wire.router import (kv_events_from_proto, kv_snapshot_from_proto,
@@ -31,7 +31,7 @@ def _place_request() -> PlaceRequest:
     return PlaceRequest("r-1", [5, 6, 7], tenant="acme", cache_salt="salt", priority=-3,
                         max_tokens=64, ttft_slo_s=0.25, tpot_slo_s=0.04,
                         excluded_worker_ids=frozenset({"d2", "d1"}), first_token_at_prefill=True,
-                        affinity_key="conversation-7", lora_name="support-bot")
+                        affinity_key="conversation-7", lora_name="support-bot", model="coder-7b")
 
 
 def test_a_place_request_survives_the_trip_with_every_field() -> None:
@@ -88,11 +88,13 @@ def test_a_placement_names_its_mode_and_reasons() -> None:
 def test_router_stats_survive_the_trip_with_every_pool() -> None:
     pool = PoolStats(workers=3, queued_prefill_tokens=100, inflight_requests=7,
                      mean_kv_utilization=0.5, saturated=1)
+    served = (ModelStats("m", 4096, ("coder", "support-bot"), 2), ModelStats("other", 512, (), 1))
     stats = RouterStats({Role.DECODE: pool}, queued_requests=2, leases=9, model="m",
-                        max_model_len=4096, lora_adapters=("coder", "support-bot"))
+                        max_model_len=4096, lora_adapters=("coder", "support-bot"),
+                        served_models=served)
     message = router_stats_to_proto(stats)
     [wire] = message.pools
-    assert _unset(wire) == [] and _unset(message) == []
+    assert _unset(wire) == [] and _unset(message) == [] and _unset(message.served_models[0]) == []
     assert (wire.role, wire.workers, wire.saturated_workers) == (rpb.WORKER_ROLE_DECODE, 3, 1)
     assert router_stats_from_proto(message) == stats
     # a pool of a role this side does not know (a newer router's) is left out

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/router.proto\x12\x08\x62\x61ton.v1\"\x82\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.baton.v1.WorkerRole\x12\r\n\x05model\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\"P\n\x16RegisterWorkerResponse\x12 \n\x18lease_expires_at_unix_ms\x18\x01 \x01(\x03\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"5\n\x11HeartbeatResponse\x12 \n\x18lease_expires_at_unix_ms\x18\x01 \x01(\x03\"\xc0\x02\n\x0cPlaceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x18\n\x0bttft_slo_ms\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btpot_slo_ms\x18( \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x13\x65xcluded_worker_ids\x18) \x03(\t\x12\x1e\n\x16\x66irst_token_at_prefill\x18* \x01(\x08\x12\x14\n\x0c\x61\x66\x66inity_key\x18+ \x01(\t\x12\x11\n\tlora_name\x18, \x01(\tB\x0e\n\x0c_ttft_slo_msB\x0e\n\x0c_tpot_slo_ms\"\xca\x02\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x03 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x04 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x05 \x01(\t\x12\x17\n\x0fprefill_address\x18\x06 \x01(\t\x12+\n\x0cprefill_mode\x18\x07 \x01(\x0e\x32\x15.baton.v1.PrefillMode\x12\x1d\n\x15\x64isaggregation_reason\x18\x08 \x01(\t\x12)\n\x06reason\x18\t \x01(\x0e\x32\x19.baton.v1.PlacementReason\x12\x19\n\x11predicted_ttft_ms\x18\n \x01(\r\x12\x1f\n\x17predicted_cached_tokens\x18\x0b \x01(\r\"X\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\r\"\x9e\x01\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1d\n\x10observed_ttft_ms\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1a\n\routput_tokens\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10\x66\x61iled_worker_id\x18\x04 \x01(\tB\x13\n\x11_observed_ttft_msB\x10\n\x0e_output_tokens\"\x11\n\x0fReleaseResponse\"\"\n\x0c\x44rainRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"+\n\rDrainResponse\x12\x1a\n\x12unknown_worker_ids\x18\x01 \x03(\t\"\x17\n\x15GetRouterStatsRequest\"\xb2\x01\n\tPoolStats\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.baton.v1.WorkerRole\x12\x0f\n\x07workers\x18\x02 \x01(\r\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\x04\x12\x19\n\x11inflight_requests\x18\x04 \x01(\r\x12\x1b\n\x13mean_kv_utilization\x18\x05 \x01(\x02\x12\x19\n\x11saturated_workers\x18\x06 \x01(\r\"\x97\x01\n\x0bRouterStats\x12\"\n\x05pools\x18\x01 \x03(\x0b\x32\x13.baton.v1.PoolStats\x12\x17\n\x0fqueued_requests\x18\x02 \x01(\r\x12\x0e\n\x06leases\x18\x03 \x01(\r\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x15\n\rlora_adapters\x18\x06 \x03(\t*q\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x15\n\x11WORKER_ROLE_MIXED\x10\x03*\x98\x01\n\x0fPlacementReason\x12 \n\x1cPLACEMENT_REASON_UNSPECIFIED\x10\x00\x12$\n PLACEMENT_REASON_PREFIX_AFFINITY\x10\x01\x12\x19\n\x15PLACEMENT_REASON_LOAD\x10\x02\x12\"\n\x1ePLACEMENT_REASON_ALL_SATURATED\x10\x03*\\\n\x0bPrefillMode\x12\x1c\n\x18PREFILL_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12PREFILL_MODE_LOCAL\x10\x01\x12\x17\n\x13PREFILL_MODE_REMOTE\x10\x02\x32\x97\x03\n\x06Router\x12S\n\x0eRegisterWorker\x12\x1f.baton.v1.RegisterWorkerRequest\x1a .baton.v1.RegisterWorkerResponse\x12\x44\n\tHeartbeat\x12\x1a.baton.v1.HeartbeatRequest\x1a\x1b.baton.v1.HeartbeatResponse\x12\x34\n\x05Place\x12\x16.baton.v1.PlaceRequest\x1a\x13.baton.v1.Placement\x12>\n\x07Release\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12\x38\n\x05\x44rain\x12\x16.baton.v1.DrainRequest\x1a\x17.baton.v1.DrainResponse\x12\x42\n\x08GetStats\x12\x1f.baton.v1.GetRouterStatsRequest\x1a\x15.baton.v1.RouterStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/router.proto\x12\x08\x62\x61ton.v1\"\x82\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.baton.v1.WorkerRole\x12\r\n\x05model\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\"P\n\x16RegisterWorkerResponse\x12 \n\x18lease_expires_at_unix_ms\x18\x01 \x01(\x03\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"5\n\x11HeartbeatResponse\x12 \n\x18lease_expires_at_unix_ms\x18\x01 \x01(\x03\"\xcf\x02\n\x0cPlaceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x18\n\x0bttft_slo_ms\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btpot_slo_ms\x18( \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x13\x65xcluded_worker_ids\x18) \x03(\t\x12\x1e\n\x16\x66irst_token_at_prefill\x18* \x01(\x08\x12\x14\n\x0c\x61\x66\x66inity_key\x18+ \x01(\t\x12\x11\n\tlora_name\x18, \x01(\t\x12\r\n\x05model\x18- \x01(\tB\x0e\n\x0c_ttft_slo_msB\x0e\n\x0c_tpot_slo_ms\"\xca\x02\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x03 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x04 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x05 \x01(\t\x12\x17\n\x0fprefill_address\x18\x06 \x01(\t\x12+\n\x0cprefill_mode\x18\x07 \x01(\x0e\x32\x15.baton.v1.PrefillMode\x12\x1d\n\x15\x64isaggregation_reason\x18\x08 \x01(\t\x12)\n\x06reason\x18\t \x01(\x0e\x32\x19.baton.v1.PlacementReason\x12\x19\n\x11predicted_ttft_ms\x18\n \x01(\r\x12\x1f\n\x17predicted_cached_tokens\x18\x0b \x01(\r\"X\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\r\"\x9e\x01\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1d\n\x10observed_ttft_ms\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1a\n\routput_tokens\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10\x66\x61iled_worker_id\x18\x04 \x01(\tB\x13\n\x11_observed_ttft_msB\x10\n\x0e_output_tokens\"\x11\n\x0fReleaseResponse\"\"\n\x0c\x44rainRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"+\n\rDrainResponse\x12\x1a\n\x12unknown_worker_ids\x18\x01 \x03(\t\"\x17\n\x15GetRouterStatsRequest\"\xb2\x01\n\tPoolStats\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.baton.v1.WorkerRole\x12\x0f\n\x07workers\x18\x02 \x01(\r\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\x04\x12\x19\n\x11inflight_requests\x18\x04 \x01(\r\x12\x1b\n\x13mean_kv_utilization\x18\x05 \x01(\x02\x12\x19\n\x11saturated_workers\x18\x06 \x01(\r\"\xc5\x01\n\x0bRouterStats\x12\"\n\x05pools\x18\x01 \x03(\x0b\x32\x13.baton.v1.PoolStats\x12\x17\n\x0fqueued_requests\x18\x02 \x01(\r\x12\x0e\n\x06leases\x18\x03 \x01(\r\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x15\n\rlora_adapters\x18\x06 \x03(\t\x12,\n\rserved_models\x18\x07 \x03(\x0b\x32\x15.baton.v1.ServedModel\"Z\n\x0bServedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x15\n\rlora_adapters\x18\x03 \x03(\t\x12\x0f\n\x07workers\x18\x04 \x01(\r*q\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x15\n\x11WORKER_ROLE_MIXED\x10\x03*\x98\x01\n\x0fPlacementReason\x12 \n\x1cPLACEMENT_REASON_UNSPECIFIED\x10\x00\x12$\n PLACEMENT_REASON_PREFIX_AFFINITY\x10\x01\x12\x19\n\x15PLACEMENT_REASON_LOAD\x10\x02\x12\"\n\x1ePLACEMENT_REASON_ALL_SATURATED\x10\x03*\\\n\x0bPrefillMode\x12\x1c\n\x18PREFILL_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12PREFILL_MODE_LOCAL\x10\x01\x12\x17\n\x13PREFILL_MODE_REMOTE\x10\x02\x32\x97\x03\n\x06Router\x12S\n\x0eRegisterWorker\x12\x1f.baton.v1.RegisterWorkerRequest\x1a .baton.v1.RegisterWorkerResponse\x12\x44\n\tHeartbeat\x12\x1a.baton.v1.HeartbeatRequest\x1a\x1b.baton.v1.HeartbeatResponse\x12\x34\n\x05Place\x12\x16.baton.v1.PlaceRequest\x1a\x13.baton.v1.Placement\x12>\n\x07Release\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12\x38\n\x05\x44rain\x12\x16.baton.v1.DrainRequest\x1a\x17.baton.v1.DrainResponse\x12\x42\n\x08GetStats\x12\x1f.baton.v1.GetRouterStatsRequest\x1a\x15.baton.v1.RouterStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=1711
-  _globals['_WORKERROLE']._serialized_end=1824
-  _globals['_PLACEMENTREASON']._serialized_start=1827
-  _globals['_PLACEMENTREASON']._serialized_end=1979
-  _globals['_PREFILLMODE']._serialized_start=1981
-  _globals['_PREFILLMODE']._serialized_end=2073
+  _globals['_WORKERROLE']._serialized_start=1864
+  _globals['_WORKERROLE']._serialized_end=1977
+  _globals['_PLACEMENTREASON']._serialized_start=1980
+  _globals['_PLACEMENTREASON']._serialized_end=2132
+  _globals['_PREFILLMODE']._serialized_start=2134
+  _globals['_PREFILLMODE']._serialized_end=2226
   _globals['_REGISTERWORKERREQUEST']._serialized_start=36
   _globals['_REGISTERWORKERREQUEST']._serialized_end=166
   _globals['_REGISTERWORKERRESPONSE']._serialized_start=168
@@ -46,25 +46,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATRESPONSE']._serialized_start=289
   _globals['_HEARTBEATRESPONSE']._serialized_end=342
   _globals['_PLACEREQUEST']._serialized_start=345
-  _globals['_PLACEREQUEST']._serialized_end=665
-  _globals['_PLACEMENT']._serialized_start=668
-  _globals['_PLACEMENT']._serialized_end=998
-  _globals['_REJECTION']._serialized_start=1000
-  _globals['_REJECTION']._serialized_end=1088
-  _globals['_RELEASEREQUEST']._serialized_start=1091
-  _globals['_RELEASEREQUEST']._serialized_end=1249
-  _globals['_RELEASERESPONSE']._serialized_start=1251
-  _globals['_RELEASERESPONSE']._serialized_end=1268
-  _globals['_DRAINREQUEST']._serialized_start=1270
-  _globals['_DRAINREQUEST']._serialized_end=1304
-  _globals['_DRAINRESPONSE']._serialized_start=1306
-  _globals['_DRAINRESPONSE']._serialized_end=1349
-  _globals['_GETROUTERSTATSREQUEST']._serialized_start=1351
-  _globals['_GETROUTERSTATSREQUEST']._serialized_end=1374
-  _globals['_POOLSTATS']._serialized_start=1377
-  _globals['_POOLSTATS']._serialized_end=1555
-  _globals['_ROUTERSTATS']._serialized_start=1558
-  _globals['_ROUTERSTATS']._serialized_end=1709
-  _globals['_ROUTER']._serialized_start=2076
-  _globals['_ROUTER']._serialized_end=2483
+  _globals['_PLACEREQUEST']._serialized_end=680
+  _globals['_PLACEMENT']._serialized_start=683
+  _globals['_PLACEMENT']._serialized_end=1013
+  _globals['_REJECTION']._serialized_start=1015
+  _globals['_REJECTION']._serialized_end=1103
+  _globals['_RELEASEREQUEST']._serialized_start=1106
+  _globals['_RELEASEREQUEST']._serialized_end=1264
+  _globals['_RELEASERESPONSE']._serialized_start=1266
+  _globals['_RELEASERESPONSE']._serialized_end=1283
+  _globals['_DRAINREQUEST']._serialized_start=1285
+  _globals['_DRAINREQUEST']._serialized_end=1319
+  _globals['_DRAINRESPONSE']._serialized_start=1321
+  _globals['_DRAINRESPONSE']._serialized_end=1364
+  _globals['_GETROUTERSTATSREQUEST']._serialized_start=1366
+  _globals['_GETROUTERSTATSREQUEST']._serialized_end=1389
+  _globals['_POOLSTATS']._serialized_start=1392
+  _globals['_POOLSTATS']._serialized_end=1570
+  _globals['_ROUTERSTATS']._serialized_start=1573
+  _globals['_ROUTERSTATS']._serialized_end=1770
+  _globals['_SERVEDMODEL']._serialized_start=1772
+  _globals['_SERVEDMODEL']._serialized_end=1862
+  _globals['_ROUTER']._serialized_start=2229
+  _globals['_ROUTER']._serialized_end=2636
 # @@protoc_insertion_point(module_scope)

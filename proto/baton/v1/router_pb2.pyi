@@ -73,7 +73,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_expires_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class PlaceRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "tenant", "cache_salt", "priority", "max_tokens", "ttft_slo_ms", "tpot_slo_ms", "excluded_worker_ids", "first_token_at_prefill", "affinity_key", "lora_name")
+    __slots__ = ("request_id", "prompt_token_ids", "tenant", "cache_salt", "priority", "max_tokens", "ttft_slo_ms", "tpot_slo_ms", "excluded_worker_ids", "first_token_at_prefill", "affinity_key", "lora_name", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class PlaceRequest(_message.Message):
     FIRST_TOKEN_AT_PREFILL_FIELD_NUMBER: _ClassVar[int]
     AFFINITY_KEY_FIELD_NUMBER: _ClassVar[int]
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     tenant: str
@@ -98,7 +99,8 @@ class PlaceRequest(_message.Message):
     first_token_at_prefill: bool
     affinity_key: str
     lora_name: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tpot_slo_ms: _Optional[int] = ..., excluded_worker_ids: _Optional[_Iterable[str]] = ..., first_token_at_prefill: _Optional[bool] = ..., affinity_key: _Optional[str] = ..., lora_name: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tpot_slo_ms: _Optional[int] = ..., excluded_worker_ids: _Optional[_Iterable[str]] = ..., first_token_at_prefill: _Optional[bool] = ..., affinity_key: _Optional[str] = ..., lora_name: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("request_id", "lease_id", "decode_worker_id", "decode_address", "prefill_worker_id", "prefill_address", "prefill_mode", "disaggregation_reason", "reason", "predicted_ttft_ms", "predicted_cached_tokens")
@@ -187,17 +189,31 @@ class PoolStats(_message.Message):
     def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., workers: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., mean_kv_utilization: _Optional[float] = ..., saturated_workers: _Optional[int] = ...) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("pools", "queued_requests", "leases", "model", "max_model_len", "lora_adapters")
+    __slots__ = ("pools", "queued_requests", "leases", "model", "max_model_len", "lora_adapters", "served_models")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolStats]
     queued_requests: int
     leases: int
     model: str
     max_model_len: int
     lora_adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., leases: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    served_models: _containers.RepeatedCompositeFieldContainer[ServedModel]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., leases: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[_Union[ServedModel, _Mapping]]] = ...) -> None: ...
+
+class ServedModel(_message.Message):
+    __slots__ = ("name", "max_model_len", "lora_adapters", "workers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    max_model_len: int
+    lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    workers: int
+    def __init__(self, name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ...) -> None: ...

@@ -98,7 +98,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, meta: _Optional[_Union[RequestMeta, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class KVHandle(_message.Message):
-    __slots__ = ("request_id", "worker_id", "worker_address", "transport", "agent_name", "agent_host", "agent_port", "layout", "block_ids", "num_tokens", "expires_at_unix_ms", "block_hashes")
+    __slots__ = ("request_id", "worker_id", "worker_address", "transport", "agent_name", "agent_host", "agent_port", "layout", "block_ids", "num_tokens", "expires_at_unix_ms", "block_hashes", "rank_peers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class KVHandle(_message.Message):
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    RANK_PEERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     worker_address: str
@@ -123,7 +124,24 @@ class KVHandle(_message.Message):
     num_tokens: int
     expires_at_unix_ms: int
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., transport: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_host: _Optional[str] = ..., agent_port: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    rank_peers: _containers.RepeatedCompositeFieldContainer[KVRankPeer]
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., transport: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_host: _Optional[str] = ..., agent_port: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., rank_peers: _Optional[_Iterable[_Union[KVRankPeer, _Mapping]]] = ...) -> None: ...
+
+class KVRankPeer(_message.Message):
+    __slots__ = ("agent_name", "agent_host", "agent_port", "layout", "kv_head_start", "kv_head_count")
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_HOST_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    KV_HEAD_START_FIELD_NUMBER: _ClassVar[int]
+    KV_HEAD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    agent_name: str
+    agent_host: str
+    agent_port: int
+    layout: KVLayout
+    kv_head_start: int
+    kv_head_count: int
+    def __init__(self, agent_name: _Optional[str] = ..., agent_host: _Optional[str] = ..., agent_port: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_head_start: _Optional[int] = ..., kv_head_count: _Optional[int] = ...) -> None: ...
 
 class KVLayout(_message.Message):
     __slots__ = ("num_layers", "num_blocks", "block_size", "block_nbytes", "base_address", "dtype")

@@ -39,6 +39,7 @@ class PlaceRequest:
     # the client's prompt_cache_key: requests sharing it stay on one worker while it keeps up
     affinity_key: str = ""
     lora_name: str | None = None  # the LoRA adapter the request runs under; None: the base model
+    model: str | None = None  # the base model it runs on (an adapter's parent); None: the router's
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,15 @@ class PoolStats:
 
 
 @dataclass(frozen=True)
+class ModelStats:
+    """One model a router routes, as its live workers report it."""
+    name: str
+    max_model_len: int = 0  # the smallest limit its live workers report; 0: none yet
+    lora_adapters: tuple[str, ...] = ()  # served by its workers (their parent is this model)
+    workers: int = 0
+
+
+@dataclass(frozen=True)
 class RouterStats:
     pools: dict[Role, PoolStats]
     queued_requests: int
@@ -83,3 +93,5 @@ class RouterStats:
     # the smallest limit the live workers report (a request must fit wherever it lands); 0: none yet
     max_model_len: int = 0
     lora_adapters: tuple[str, ...] = ()  # served by its live workers
+    # every model the router routes, its own --model first (the fields above repeat that one's)
+    served_models: tuple[ModelStats, ...] = ()

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from baton.services.common.decode_cost import DecodeCostFit
 from baton.services.common.limits import MAX_PROMPT_TOKENS
-from baton.services.common.messages.router import (Placement, PlaceRequest, PoolStats, Release,
-                                                   RouterStats)
+from baton.services.common.messages.router import (ModelStats, Placement, PlaceRequest, PoolStats,
+                                                   Release, RouterStats)
 from baton.services.common.messages.worker import (EventKind, KVEvent, KVEventBatch, KVSnapshot,
                                                    LoadReport)
 from baton.services.common.roles import Role
@@ -34,7 +34,7 @@ def place_request_to_proto(req: PlaceRequest) -> rpb.PlaceRequest:
                                excluded_worker_ids=sorted(req.excluded_worker_ids),
                                first_token_at_prefill=req.first_token_at_prefill,
                                affinity_key=req.affinity_key,
-                               lora_name=req.lora_name or "")
+                               lora_name=req.lora_name or "", model=req.model or "")
     if req.ttft_slo_s is not None:
         message.ttft_slo_ms = _ms(req.ttft_slo_s)
     if req.tpot_slo_s is not None:
@@ -57,7 +57,7 @@ def place_request_from_proto(request: rpb.PlaceRequest) -> PlaceRequest:
         excluded_worker_ids=frozenset(request.excluded_worker_ids),
         first_token_at_prefill=request.first_token_at_prefill,
         affinity_key=request.affinity_key,
-        lora_name=request.lora_name or None)
+        lora_name=request.lora_name or None, model=request.model or None)
 
 
 def placement_to_proto(p: Placement) -> rpb.Placement:
@@ -103,7 +103,12 @@ def router_stats_to_proto(stats: RouterStats) -> rpb.RouterStats:
     return rpb.RouterStats(pools=pools, queued_requests=stats.queued_requests,
                            leases=stats.leases, model=stats.model,
                            max_model_len=stats.max_model_len,
-                           lora_adapters=list(stats.lora_adapters))
+                           lora_adapters=list(stats.lora_adapters),
+                           served_models=[rpb.ServedModel(name=m.name,
+                                                          max_model_len=m.max_model_len,
+                                                          lora_adapters=list(m.lora_adapters),
+                                                          workers=m.workers)
+                                          for m in stats.served_models])
 
 
 def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
@@ -111,8 +116,10 @@ def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
     pools = {role: PoolStats(p.workers, p.queued_prefill_tokens, p.inflight_requests,
                              p.mean_kv_utilization, p.saturated_workers)
              for p in stats.pools if (role := _role(p.role)) is not None}
+    served = tuple(ModelStats(m.name, m.max_model_len, tuple(m.lora_adapters), m.workers)
+                   for m in stats.served_models)
     return RouterStats(pools, stats.queued_requests, stats.leases, stats.model,
-                       stats.max_model_len, tuple(stats.lora_adapters))
+                       stats.max_model_len, tuple(stats.lora_adapters), served)
 
 
 def _role(value: int) -> Role | None:

@@ -6,7 +6,8 @@ one all-reduce). The split is the process's tensor-parallel group's (parallel/st
 the layer is built: each layer allocates only its rank's rows or columns and its weight_loader
 reads only that slice of each checkpoint tensor. At TP=1 every layer is the whole projection and
 runs nn.Linear's arithmetic unchanged. LinearBase.forward is where an adapter's low-rank delta
-(services/engine/lora/) is added (LoRA is refused at TP>1 for now: see engine/config.py).
+(services/engine/lora/) is added; under tensor parallelism each layer's lora_shard names the
+slices of an adapter's A and B its rank holds, split as the layer's weight is (vLLM's scheme).
 """
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class LinearBase(nn.Module):
         shape is refused by name."""
         return copy_checked(param[self.rows(part)], loaded, name)
 
+    def lora_shard(self, part: int) -> tuple[slice, slice]:
+        """(A's input columns, B's output rows) of an adapter for checkpoint part `part` that
+        this rank holds: all of both when the layer is whole."""
+        return slice(None), slice(None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
         if self.lora is not None:
@@ -70,10 +76,18 @@ class RowParallelLinear(LinearBase):
         cols = even_range(self.full_in, self.tp.rank, self.tp.size)
         return copy_shard(param, loaded, name, (param.shape[0], self.full_in), (slice(None), cols))
 
+    def lora_shard(self, part: int) -> tuple[slice, slice]:
+        # A split by input columns like the weight, B whole: each rank's B (A_r x_r) is a partial
+        # delta that the layer's one all-reduce sums with the partial outputs.
+        return even_range(self.full_in, self.tp.rank, self.tp.size), slice(None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return super().forward(x)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+        partial = F.linear(x, self.weight)
+        if self.lora is not None:
+            self.lora.add_delta(x, partial)
+        out = self.tp.all_reduce(partial)
         return out if self.bias is None else out + self.bias
 
 
@@ -102,6 +116,10 @@ class MergedColumnParallelLinear(LinearBase):
     def part_slice(self, part: int) -> slice:
         """This rank's rows of checkpoint part `part`."""
         return even_range(self.full_sizes[part], self.tp.rank, self.tp.size)
+
+    def lora_shard(self, part: int) -> tuple[slice, slice]:
+        # A whole (every rank sees the whole input), B split by output rows like the part's.
+        return slice(None), self.part_slice(part)
 
     def weight_loader(self, param: nn.Parameter, loaded: Loadable, name: str,
                       part: int | None = None) -> int:

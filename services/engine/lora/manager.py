@@ -2,7 +2,9 @@
 registered), in host memory (an LRU of `max_cpu_loras`, filled from disk on a loader thread, off the
 engine thread), and in one of `max_loras` device slots. A sequence holds its adapter's slot from
 admission to its end; a slot nobody holds is reused least recently used first, so an adapter is
-never evicted under a running sequence and a waiting one costs no reload (no thrashing)."""
+never evicted under a running sequence and a waiting one costs no reload (no thrashing).
+Under tensor parallelism this is rank 0's, and each of its decisions goes to the other ranks
+(replicas.py)."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
@@ -43,6 +45,7 @@ class LoRAManager:
         self.max_loras = config.max_loras
         self.max_cpu_loras = config.max_cpu_loras or config.max_loras
         self.state = state
+        self.replicas = state.replicas if state is not None else None
         self.modules: dict[str, LoRAModule] = {}
         self.host: OrderedDict[str, AdapterWeights] = OrderedDict()
         self.loading: dict[str, Future[AdapterWeights]] = {}
@@ -69,6 +72,8 @@ class LoRAManager:
             raise LoRAError(f"the name {module.name!r} is already served here")
         weights = weights or self.read(module)
         self.modules[module.name] = module
+        if self.replicas is not None:
+            self.replicas.read(module)
         self._keep(weights)
 
     def remove(self, name: str) -> None:
@@ -78,7 +83,8 @@ class LoRAManager:
         if self.users[name]:
             raise LoRAError(f"the LoRA adapter {name!r} is in use by {self.users[name]} requests")
         del self.modules[name]
-        self.host.pop(name, None)
+        if self.host.pop(name, None) is not None and self.replicas is not None:
+            self.replicas.drop(name)
         for slot, held in enumerate(self.slots):
             if held == name:
                 self.slots[slot] = None
@@ -108,6 +114,8 @@ class LoRAManager:
             slot = self._free_slot()
             if self.state is not None:
                 write_slot(self.state, slot, adapter)
+            if self.replicas is not None:
+                self.replicas.fill(slot, name)
             self.slots[slot] = name
             self.slot_loads += 1
         self.idle_slots.pop(slot, None)
@@ -154,6 +162,8 @@ class LoRAManager:
         future = self.loading.get(name)
         if future is None:
             self.loading[name] = self._loader.submit(self.read, self.modules[name])
+            if self.replicas is not None:
+                self.replicas.read(self.modules[name])
             return None
         if not future.done():
             return None
@@ -166,7 +176,9 @@ class LoRAManager:
         self.host[adapter.name] = adapter
         self.host.move_to_end(adapter.name)
         while len(self.host) > self.max_cpu_loras:
-            self.host.popitem(last=False)
+            evicted, _ = self.host.popitem(last=False)
+            if self.replicas is not None:
+                self.replicas.drop(evicted)
 
     def close(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)

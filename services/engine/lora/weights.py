@@ -1,16 +1,24 @@
 """The device side of LoRA: for every adapted projection, A and B of each slot stacked
 ([slots, max_rank, in] and [slots, out, max_rank], zero-padded to the largest rank), and the step's
 slot per token. A projection adds its delta with one gathered product per part
-(kernels/lora_bgmv.py on CUDA, its torch reference elsewhere), never a loop over adapters."""
+(kernels/lora_bgmv.py on CUDA, its torch reference elsewhere), never a loop over adapters.
+
+Under tensor parallelism the stacks hold this rank's slices (the layer's lora_shard): B's output
+rows of a column-parallel part, A's input columns of a row-parallel layer, whose partial delta
+joins the layer's one all-reduce."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from baton.kernels.reference import lora_bgmv_ref
 from baton.services.engine.lora.adapter import AdapterWeights
+
+if TYPE_CHECKING:
+    from baton.services.engine.lora.replicas import LoRAReplicas
 
 _MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
 
@@ -23,6 +31,8 @@ class LoRAState:
         self.scales = torch.zeros(slots, dtype=torch.float32, device=device)
         self.indices: torch.Tensor | None = None
         self.layers: dict[tuple[int, str], LayerLoRA] = {}
+        # Rank 0 under tensor parallelism: what tells the other ranks to fill their slots alike.
+        self.replicas: LoRAReplicas | None = None
 
 
 class LayerLoRA:
@@ -30,9 +40,13 @@ class LayerLoRA:
     each adding into its own columns of the output."""
 
     def __init__(self, state: LoRAState, in_features: int, parts: list[tuple[str, slice, int]],
-                 max_rank: int, dtype: torch.dtype, device: torch.device) -> None:
+                 shards: dict[str, tuple[slice, slice]], max_rank: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        """parts: (projection, its columns of the output, their number); shards: per projection,
+        the adapter's A columns and B rows this rank holds."""
         self.state = state
         self.parts = parts
+        self.shards = shards
         slots = state.scales.shape[0]
         self.a = {p: torch.zeros(slots, max_rank, in_features, dtype=dtype, device=device)
                   for p, _, _ in parts}
@@ -58,8 +72,9 @@ class LayerLoRA:
         b.zero_()
         if pair is not None:
             rank = pair[0].shape[0]
-            a[:rank].copy_(pair[0])
-            b[:, :rank].copy_(pair[1])
+            a_cols, b_rows = self.shards[proj]
+            a[:rank].copy_(pair[0][:, a_cols])
+            b[:, :rank].copy_(pair[1][b_rows])
 
 
 def attach(model: nn.Module, slots: int, max_rank: int, dtype: torch.dtype,
@@ -78,7 +93,9 @@ def attach(model: nn.Module, slots: int, max_rank: int, dtype: torch.dtype,
         sizes = getattr(module, "part_sizes", [module.weight.shape[0]])
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         parts = [(p, slice(s, s + n), n) for p, s, n in zip(projs, starts, sizes)]
-        module.lora = LayerLoRA(state, module.weight.shape[1], parts, max_rank, dtype, device)
+        shards = {p: module.lora_shard(i) for i, p in enumerate(projs)}
+        module.lora = LayerLoRA(state, module.weight.shape[1], parts, shards, max_rank, dtype,
+                                device)
         for proj in projs:
             state.layers[(layer, proj)] = module.lora
     return state

@@ -1,10 +1,11 @@
-"""Rank 0's one-way line to each other rank: length-prefixed pickles over a TCP socket.
+"""Rank 0's line to each other rank: length-prefixed pickles over a TCP socket; the other ranks
+write back only their answers to rank tasks (rank_tasks.py).
 
 A socket rather than a torch.distributed broadcast because the other ranks wait for the next step
 for as long as the engine is idle, which a collective's timeout would cut short; and because a
 closed socket is how each side learns at once that the other died (kill -9 included): the other
-ranks read EOF when rank 0 goes, and rank 0's watcher (executor.py) sees a rank's socket turn
-readable, since the ranks never write to it.
+ranks read EOF when rank 0 goes, and rank 0's watcher (executor.py), which reads the answers, reads
+EOF when a rank goes.
 """
 from __future__ import annotations
 

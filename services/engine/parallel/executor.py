@@ -2,14 +2,16 @@
 (MultiprocExecutor, spawned interpreters) or one Ray actor each (ray_executor.py).
 
 Rank 0 is the engine's own process. It listens on a socket the other ranks connect to
-(channel.py), then all join one torch.distributed group. A watcher thread waits on those sockets:
-the ranks never write to them, so one turning readable means a rank is gone (crashed, OOM-killed,
-kill -9), and the process exits at once with EXIT_RANK_LOST rather than wait in a collective that
-can never finish; what supervises the worker (`baton serve`, Kubernetes) restarts it, and the
-gateway moves its streams to another worker as for any dead worker.
+(channel.py), then all join one torch.distributed group. A watcher thread reads those sockets: the
+ranks write only the answers to rank tasks (rank_tasks.py), which it files; the end of a socket
+means a rank is gone (crashed, OOM-killed, kill -9), and the process exits at once with
+EXIT_RANK_LOST rather than wait in a collective that can never finish; what supervises the worker
+(`baton serve`, Kubernetes) restarts it, and the gateway moves its streams to another worker as for
+any dead worker.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -26,6 +28,7 @@ import torch
 
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.parallel import channel
+from baton.services.engine.parallel.rank_tasks import RankReply, RankTask, Replies
 from baton.services.engine.parallel.state import destroy_tp, init_tp
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,11 @@ class Executor:
                              logging.getLogger().getEffectiveLevel())
         self.conns: list[socket.socket] = []
         self._closing = False
+        # Steps go out from the engine's thread; rank tasks and LoRA's decisions (a runtime
+        # adapter load) may come from others: one frame at a time.
+        self._send_lock = threading.Lock()
+        self.replies = Replies()
+        self._task_ids = itertools.count(1)
 
     def _host(self) -> str:
         return "127.0.0.1"
@@ -126,20 +134,43 @@ class Executor:
         return rank
 
     def send(self, message: Any) -> None:
-        channel.send(self.conns, message)
+        with self._send_lock:
+            channel.send(self.conns, message)
+
+    def post(self, task: RankTask) -> int:
+        """Sends a task to every other rank; returns its id, for `wait`."""
+        task.task_id = next(self._task_ids)
+        self.replies.expect(task.task_id)
+        self.send(task)
+        return task.task_id
+
+    def wait(self, task_id: int, timeout_s: float) -> list[Any]:
+        """The answers of ranks 1..N-1 to a posted task; raises RankTaskFailed."""
+        return self.replies.wait(task_id, self.size - 1, timeout_s)
 
     def _watch(self) -> None:
-        try:
-            readable, _, _ = select.select(self.conns, [], [])
-        except (OSError, ValueError):
-            readable = []
+        lost = self._read_replies()
         if self._closing:
             return
-        lost = [self.conns.index(c) + 1 for c in readable]
         log.error("tensor-parallel rank(s) %s went away; exiting (status %d) so that the worker "
                   "is restarted", lost or "?", EXIT_RANK_LOST)
         logging.shutdown()
         os._exit(EXIT_RANK_LOST)
+
+    def _read_replies(self) -> list[int]:
+        """Files the ranks' answers until a socket ends; returns the ranks whose socket ended."""
+        while True:
+            try:
+                readable, _, _ = select.select(self.conns, [], [])
+            except (OSError, ValueError):
+                return []
+            for conn in readable:
+                try:
+                    reply = channel.recv(conn)
+                except (OSError, EOFError, pickle.UnpicklingError):
+                    return [self.conns.index(conn) + 1]
+                if isinstance(reply, RankReply):
+                    self.replies.file(reply)
 
     def close(self) -> None:
         """Stops the other ranks (they exit when told, or when the channel closes)."""

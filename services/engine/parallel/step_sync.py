@@ -1,10 +1,12 @@
 """What rank 0 tells the other ranks each step: only what they cannot know.
 
 Per scheduled sequence, in the step's packed order: a small handle, where this step's tokens start,
-the tokens themselves (a decode step's one token, a prefill chunk's tokens) and the change to its
+the tokens themselves (a decode step's one token, a prefill chunk's tokens), the change to its
 block table since it was last sent (the blocks appended, or the whole table after a preemption
-rebuilt it); then the handles of finished sequences, whose tables the ranks drop, and the hidden
-rows rank 0 will score for prompt logprobs, so that every rank joins the same lm_head gathers.
+rebuilt it) and its LoRA slot when that changed (the slots' contents follow rank 0's LoRA manager
+on the same channel: lora/replicas.py); then the handles of finished sequences, whose tables the
+ranks drop, and the hidden rows rank 0 will score for prompt logprobs, so that every rank joins
+the same lm_head gathers.
 Block tables are identical on all ranks because only rank 0 allocates blocks.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ class SeqStep:
     keep_blocks: int  # of the table last sent, how many blocks stay
     new_blocks: list[int]  # appended after those
     samples: bool
+    lora_slot: int | None = None  # the sequence's new LoRA slot (-1: none); None: unchanged
 
 
 @dataclass
@@ -37,6 +40,7 @@ class _Sent:
     seq: Sequence
     handle: int
     blocks: list[int]
+    lora_slot: int = -1
 
 
 class StepEncoder:
@@ -63,9 +67,12 @@ class StepEncoder:
         # Blocks are appended as a sequence grows; anything else (a preemption freed them) resends.
         keep = len(old) if len(blocks) >= len(old) and blocks[:len(old)] == old else 0
         sent.blocks = list(blocks)
+        slot = -1 if seq.lora_slot is None else seq.lora_slot
+        changed = None if slot == sent.lora_slot else slot
+        sent.lora_slot = slot
         first = seq.num_computed_tokens
         return SeqStep(sent.handle, first, seq.token_ids[first:first + item.num_tokens], keep,
-                       blocks[keep:], item.samples)
+                       blocks[keep:], item.samples, changed)
 
 
 class _Tokens:
@@ -86,6 +93,7 @@ class MirrorSeq:
     token_ids: _Tokens
     block_ids: list[int]
     wants_prompt_logprobs: bool = False
+    lora_slot: int | None = None
 
 
 @dataclass
@@ -103,19 +111,25 @@ class MirrorItem:
 
 
 class StepDecoder:
-    """A rank's block tables, kept in step with rank 0's by the messages."""
+    """A rank's block tables and LoRA slots, kept in step with rank 0's by the messages."""
 
     def __init__(self) -> None:
         self.tables: dict[int, list[int]] = {}
+        self.lora_slots: dict[int, int] = {}
 
     def decode(self, message: StepMessage) -> list[MirrorItem]:
         for handle in message.dropped:
             self.tables.pop(handle, None)
+            self.lora_slots.pop(handle, None)
         items = []
         for s in message.seqs:
             table = self.tables.setdefault(s.handle, [])
             del table[s.keep_blocks:]
             table.extend(s.new_blocks)
-            seq = MirrorSeq(s.num_computed, _Tokens(s.num_computed, s.tokens), table)
+            if s.lora_slot is not None:
+                self.lora_slots[s.handle] = s.lora_slot
+            slot = self.lora_slots.get(s.handle, -1)
+            seq = MirrorSeq(s.num_computed, _Tokens(s.num_computed, s.tokens), table,
+                            lora_slot=None if slot < 0 else slot)
             items.append(MirrorItem(seq, len(s.tokens), s.samples))
         return items

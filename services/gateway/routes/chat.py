@@ -12,9 +12,8 @@ from baton.services.openai.streaming import ChatChunkWriter, ChunkWriter
 
 def _writer(serving: Serving, api: ApiRequest) -> ChunkWriter:
     assert isinstance(api.oai, ChatCompletionRequest)  # parsed by this endpoint's model
-    gateway = serving.gateway
-    return ChatChunkWriter(api.oai, api.response_id, api.lora_name or gateway.model_name,
-                           serving.token_text(api.oai), gateway.tool_parser)
+    return ChatChunkWriter(api.oai, api.response_id, api.model_name(), serving.token_text(api),
+                           api.served.tool_parser)
 
 
 CHAT_COMPLETIONS = Endpoint("/v1/chat/completions", ChatCompletionRequest, _writer)

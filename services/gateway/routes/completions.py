@@ -12,9 +12,8 @@ from baton.services.openai.streaming import ChunkWriter, CompletionChunkWriter
 
 def _writer(serving: Serving, api: ApiRequest) -> ChunkWriter:
     assert isinstance(api.oai, CompletionRequest)  # parsed by this endpoint's model
-    # The adapter's name, as vLLM answers a request to an adapter.
-    model = api.lora_name or serving.gateway.model_name
-    return CompletionChunkWriter(api.oai, api.response_id, model, serving.token_text(api.oai))
+    return CompletionChunkWriter(api.oai, api.response_id, api.model_name(),
+                                 serving.token_text(api))
 
 
 COMPLETIONS = Endpoint("/v1/completions", CompletionRequest, _writer)

@@ -19,11 +19,15 @@ def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
     async def work(body: Any) -> dict[str, Any] | Response:
-        parsed = detokenize_request(body, len(gateway.tokenizer))
-        refused = unknown_model(gateway, parsed.model)
+        # the model first: token ids are checked against its own tokenizer's vocabulary
+        named = body.get("model") if isinstance(body, dict) else None
+        named = named if isinstance(named, str) else None
+        refused = unknown_model(gateway, named)
         if refused is not None:
             return refused
-        return await in_pool(gateway, partial(detokenize, parsed, gateway.tokenizer))
+        served = gateway.resolve(named)[0]
+        parsed = detokenize_request(body, len(served.tokenizer))
+        return await in_pool(gateway, partial(detokenize, parsed, served.tokenizer))
 
     @router.post(URL, response_model=DetokenizeResponse,
                  openapi_extra=request_body(DetokenizeRequest))

@@ -103,18 +103,18 @@ async def admit(serving: Serving, oai: OpenAIRequest, caller: tuple[Tenant, str 
     """Tokenizes the request and passes it through its tenant's rate limits."""
     gateway, (tenant, key) = serving.gateway, caller
     config = gateway.config
-    # a name other than the base model's is one of the workers' LoRA adapters
-    lora_name = oai.model if oai.model not in (None, gateway.model_name) else None
+    # the base model it runs on (its tokenizer, its limit) and the adapter it names, if any
+    served, lora_name = gateway.resolve(oai.model)
     priority = tenant.priority_for(oai.priority, config.max_request_priority)
     inp = await asyncio.get_running_loop().run_in_executor(
         gateway.tokenize_pool,
-        partial(to_engine_input, oai, gateway.tokenizer, gateway.max_model_len,
-                config.max_logprobs, gateway.vocab_size))
+        partial(to_engine_input, oai, served.tokenizer, served.max_model_len,
+                config.max_logprobs, served.vocab_size))
     reservation = await gateway.limiter.admit(
         tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute,
         _reserved_tokens(oai, inp, config.rate_limit_output_estimate))
     return ApiRequest(oai, inp, tenant, priority, response_id or new_response_id(oai), started,
-                      _trace_headers(request), reservation, lora_name=lora_name,
+                      _trace_headers(request), reservation, served, lora_name=lora_name,
                       endpoint=endpoint, key_id=key)
 
 
@@ -195,9 +195,8 @@ async def _collect(serving: Serving, api: ApiRequest, request: Request) -> dict[
     states = await unless_disconnected(request, api, serving.collect(api))
     if states is None:
         return None
-    gateway = serving.gateway
-    return build_response(api.oai, states, gateway.tokenizer, api.lora_name or gateway.model_name,
-                          api.response_id, gateway.tool_parser)
+    return build_response(api.oai, states, api.served.tokenizer, api.model_name(),
+                          api.response_id, api.served.tool_parser)
 
 
 def _trace_headers(request: Request) -> dict[str, str]:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, TypeAdapter
 
 from baton.services.gateway.body import parse_json, read_body
-from baton.services.gateway.errors import error_response, protocol_error_response
+from baton.services.gateway.errors import protocol_error_response
 from baton.services.gateway.state import Gateway
 from baton.services.openai.errors import ProtocolError
 
@@ -34,13 +34,13 @@ async def read_json(gateway: Gateway, request: Request) -> tuple[bytes, Any]:
 
 
 def unknown_model(gateway: Gateway, model: str | None) -> Response | None:
-    """The 404 for a request naming a model this gateway does not serve, neither its base model
-    nor one of the LoRA adapters its workers serve (None: it may go on)."""
-    if model is None or model == gateway.model_name or model in gateway.lora_adapters:
-        return None
-    served = ", ".join(f"`{m}`" for m in [gateway.model_name, *sorted(gateway.lora_adapters)])
-    return error_response(404, f"The model `{model}` does not exist; this server serves {served}",
-                          "model_not_found", param="model")
+    """The 404 for a request naming a model this gateway does not serve, neither one of its base
+    models nor one of the LoRA adapters their workers serve (None: it may go on)."""
+    try:
+        gateway.resolve(model)
+    except ProtocolError as e:
+        return protocol_error_response(e)
+    return None
 
 
 async def in_pool(gateway: Gateway, work: Callable[[], T]) -> T:

@@ -1,5 +1,5 @@
-"""GET /v1/models and GET /v1/models/{model_id}: the model this gateway serves and the LoRA
-adapters its workers serve, as vLLM's model cards (the checkpoint as `root`, `parent` None for the
+"""GET /v1/models and GET /v1/models/{model_id}: the base models this gateway serves and the LoRA
+adapters their workers serve, as vLLM's model cards (the checkpoint as `root`, `parent` None for the
 base model and the base model's name for an adapter)."""
 from __future__ import annotations
 
@@ -17,16 +17,15 @@ def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
     def card(model_id: str | None = None) -> dict[str, Any]:
-        # read at each request: the workers' limit, name and adapters may arrive after start
-        base = gateway.model_name
-        if model_id is None or model_id == base:
-            return model_card(base, str(gateway.config.model), gateway.max_model_len)
-        return model_card(model_id, model_id, gateway.max_model_len, parent=base)
+        # read at each request: the workers' limits, names and adapters may arrive after start
+        served, adapter = gateway.resolve(model_id)
+        if adapter is None:
+            return model_card(served.name, served.path, served.max_model_len)
+        return model_card(adapter, adapter, served.max_model_len, parent=served.name)
 
     @router.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
-        return {"object": "list",
-                "data": [card(), *(card(name) for name in sorted(gateway.lora_adapters))]}
+        return {"object": "list", "data": [card(name) for name in gateway.served_names()]}
 
     # `:path`: served names may hold a slash (org/name), as Hugging Face ids do
     @router.get("/v1/models/{model_id:path}", response_model=ModelCard)

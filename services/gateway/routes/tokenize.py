@@ -24,9 +24,10 @@ def routes(gateway: Gateway) -> APIRouter:
         refused = unknown_model(gateway, options.model)
         if refused is not None:
             return refused
+        served = gateway.resolve(options.model)[0]  # its own tokenizer and chat template
         # the chat template renders in the pool: a long conversation would stall the event loop
-        return await in_pool(gateway, partial(tokenize, options, chat, gateway.tokenizer,
-                                              gateway.max_model_len))
+        return await in_pool(gateway, partial(tokenize, options, chat, served.tokenizer,
+                                              served.max_model_len))
 
     @router.post(URL, response_model=TokenizeResponse,
                  openapi_extra=request_body(TokenizeCompletionRequest, TokenizeChatRequest))

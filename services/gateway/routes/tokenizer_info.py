@@ -1,4 +1,5 @@
-"""GET /tokenizer_info (vLLM's): the tokenizer's configuration, class and chat template."""
+"""GET /tokenizer_info (vLLM's): the tokenizer's configuration, class and chat template; with
+several models, the default model's (vLLM's route takes no model)."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +12,8 @@ from baton.services.openai.tokenizer_info import TokenizerInfoResponse, tokenize
 
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
-    info = tokenizer_info(gateway.tokenizer)  # the tokenizer does not change while serving
+    # the tokenizer does not change while serving
+    info = tokenizer_info(gateway.default_model.tokenizer)
 
     @router.get("/tokenizer_info", response_model=TokenizerInfoResponse)
     async def tokenizer_info_route() -> dict[str, Any]:

@@ -43,12 +43,26 @@ def layout_from_proto(message: pb.KVLayout) -> KVLayout:
 
 
 @dataclass(frozen=True)
+class KVRankPeer:
+    """One tensor-parallel rank's NIXL agent and the KV heads its cache holds (the fields of the
+    KVRankPeer message)."""
+    agent_name: str
+    agent_host: str
+    agent_port: int
+    layout: KVLayout
+    kv_head_start: int
+    kv_head_count: int
+
+
+@dataclass(frozen=True)
 class KVPeer:
     """How to reach a worker's KV memory; every KV handle carries its prefill worker's."""
     name: str  # NIXL agent name (unique per worker process)
     host: str
     port: int  # the NIXL metadata listener's port, or the worker's gRPC port for the gRPC transport
     layout: KVLayout
+    # Under tensor parallelism every rank's agent, rank 0's (the fields above) first; else empty.
+    ranks: tuple[KVRankPeer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,11 +82,24 @@ class KVHandle:
     expires_at_unix_ms: int
     # Prefix-cache keys of the full blocks, so the decode side can skip hits.
     block_hashes: tuple[int, ...]
+    # Every prefill rank's agent and KV heads under tensor parallelism; empty: one cache.
+    rank_peers: tuple[KVRankPeer, ...] = ()
+
+
+def _rank_peer_to_proto(peer: KVRankPeer) -> pb.KVRankPeer:
+    values = {f.name: getattr(peer, f.name) for f in fields(KVRankPeer)}
+    return pb.KVRankPeer(**values | {"layout": layout_to_proto(peer.layout)})
+
+
+def _rank_peer_from_proto(message: pb.KVRankPeer) -> KVRankPeer:
+    values = {f.name: getattr(message, f.name) for f in fields(KVRankPeer)}
+    return KVRankPeer(**values | {"layout": layout_from_proto(message.layout)})
 
 
 def kv_handle_to_proto(handle: KVHandle) -> pb.KVHandle:
     values = {f.name: getattr(handle, f.name) for f in fields(KVHandle)}
-    return pb.KVHandle(**values | {"layout": layout_to_proto(handle.layout)})
+    return pb.KVHandle(**values | {"layout": layout_to_proto(handle.layout), "rank_peers": [
+        _rank_peer_to_proto(p) for p in handle.rank_peers]})
 
 
 def kv_handle_from_proto(message: pb.KVHandle) -> KVHandle:
@@ -80,7 +107,9 @@ def kv_handle_from_proto(message: pb.KVHandle) -> KVHandle:
     values = {f.name: getattr(message, f.name) for f in fields(KVHandle)}
     return KVHandle(**values | {"layout": layout_from_proto(message.layout),
                                 "block_ids": tuple(message.block_ids),
-                                "block_hashes": tuple(message.block_hashes)})
+                                "block_hashes": tuple(message.block_hashes),
+                                "rank_peers": tuple(_rank_peer_from_proto(p)
+                                                    for p in message.rank_peers)})
 
 
 @dataclass(frozen=True)
@@ -105,6 +134,11 @@ class KVTransport(ABC):
         """Copies every layer of remote_blocks[i] into local_blocks[i]; blocking, so call it off the
         event loop. On success the peer receives `notification` (see `take_notifications`). Raises
         KVTransferError."""
+
+    def rank_peers(self) -> tuple[KVRankPeer, ...]:
+        """Every tensor-parallel rank's agent and KV heads, for the handles it hands out; empty
+        for a transport over one cache."""
+        return ()
 
     @abstractmethod
     def take_notifications(self) -> list[bytes]:

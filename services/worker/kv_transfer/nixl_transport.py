@@ -29,7 +29,8 @@ import torch
 from baton.services.engine.kv.layout import KVLayout
 from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, TransferResult,
                                                     check_read)
-from baton.services.worker.kv_transfer.descriptors import coalesced_tables
+from baton.services.worker.kv_transfer.descriptors import (HeadSlice, check_head_read,
+                                                           coalesced_tables, head_slice_tables)
 from baton.services.worker.kv_transfer.nixl_loader import (configure_ucx_for_cuda, load_nixl,
                                                            new_agent)
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
@@ -100,10 +101,29 @@ class NixlKVTransport(ObservedTransport):
     def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
               notification: bytes, timeout_s: float) -> TransferResult:
         check_read(self._layout, peer, remote_blocks, local_blocks)
+        return self._read_retried(peer, remote_blocks, local_blocks, notification, timeout_s)
+
+    def read_heads(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
+                   part: HeadSlice, timeout_s: float) -> TransferResult:
+        """One tensor-parallel rank's share of a read across TP sizes: `part`'s heads of every
+        layer of the blocks, without a notification (head_transport.py sends one when every rank
+        is done); unobserved, the caller counts the whole read. Raises KVTransferError."""
+        check_head_read(self._layout, peer, remote_blocks, local_blocks, part)
+        whole = part.count == part.remote_heads == part.local_heads
+        return self._read_retried(peer, remote_blocks, local_blocks, b"", timeout_s,
+                                  None if whole else part)
+
+    def notify(self, peer: KVPeer, notification: bytes, timeout_s: float) -> None:
+        """Tells the peer a read of its blocks is over, as a read's own notification would."""
+        self._read_retried(peer, [], [], notification, timeout_s)
+
+    def _read_retried(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
+                      notification: bytes, timeout_s: float,
+                      part: HeadSlice | None = None) -> TransferResult:
         start = time.perf_counter()
         deadline = start + timeout_s
         try:
-            self._read_once(peer, remote_blocks, local_blocks, notification, deadline)
+            self._read_once(peer, remote_blocks, local_blocks, notification, deadline, part)
         except _StaleConnection as e:
             # A peer restarted under the same name leaves our cached metadata pointing at its dead
             # endpoint; the failure happened before anything was posted, so a fresh connection may
@@ -112,12 +132,14 @@ class NixlKVTransport(ObservedTransport):
                 "KV read over nixl for request %s: cached connection to %s is stale (%s); "
                 "reconnecting",
                 notification.decode("utf-8", "replace"), peer.name, e)
-            self._read_once(peer, remote_blocks, local_blocks, notification, deadline)
-        num_bytes = len(remote_blocks) * self._layout.num_layers * self._layout.block_nbytes
+            self._read_once(peer, remote_blocks, local_blocks, notification, deadline, part)
+        block_nbytes = self._layout.block_nbytes if part is None else (
+            self._layout.block_nbytes * part.count // part.local_heads)
+        num_bytes = len(remote_blocks) * self._layout.num_layers * block_nbytes
         return TransferResult(num_bytes, time.perf_counter() - start)
 
     def _read_once(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
-                   notification: bytes, deadline: float) -> None:
+                   notification: bytes, deadline: float, part: HeadSlice | None) -> None:
         fresh = self._connect(peer, deadline)
         if not remote_blocks:
             self._notify(peer, notification, fresh)
@@ -128,18 +150,23 @@ class NixlKVTransport(ObservedTransport):
                 raise KVTransferError(
                     f"NIXL peer {peer.name} was dropped by a concurrent failed read", "failed")
             try:
-                handle = self._make_read(peer, remote, remote_blocks, local_blocks, notification)
+                handle = self._make_read(peer, remote, remote_blocks, local_blocks, notification,
+                                         part)
             except Exception as e:  # the bindings raise one unrelated class per NIXL status
                 self._drop_locked(peer.name)
                 raise _failure(peer, f"preparing the READ failed: {e!r}", fresh) from e
         self._run(handle, peer, fresh, deadline)
 
     def _make_read(self, peer: KVPeer, remote: _Remote, remote_blocks: list[int],
-                   local_blocks: list[int], notification: bytes) -> Any:
-        """A READ over merged runs where blocks are consecutive on both sides, else over the
-        prepared lists."""
-        tables = coalesced_tables(self._layout, peer.layout, remote_blocks, local_blocks,
-                                  self._device_id, self._device_id)
+                   local_blocks: list[int], notification: bytes, part: HeadSlice | None) -> Any:
+        """A READ of a head slice, or over merged runs where blocks are consecutive on both sides,
+        else over the prepared lists."""
+        if part is not None:
+            tables = head_slice_tables(self._layout, peer.layout, remote_blocks, local_blocks,
+                                       part, self._device_id, self._device_id)
+        else:
+            tables = coalesced_tables(self._layout, peer.layout, remote_blocks, local_blocks,
+                                      self._device_id, self._device_id)
         if tables is not None:
             local_descs = self._agent.get_xfer_descs(tables[0], self._mem_type)
             remote_descs = self._agent.get_xfer_descs(tables[1], self._mem_type)
