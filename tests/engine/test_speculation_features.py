@@ -110,7 +110,8 @@ def test_structured_output_drafts_follow_the_grammar(tiny_model_dirs, prompts):
         assert out.finish_reason == "stop"
         jsonschema.validate(json.loads(engine.tokenizer.decode(out.token_ids)), SCHEMA)
     assert spec.speculator.stats.accepted_per_pos[-1] > 0
-    sampled = SamplingParams(max_tokens=80, temperature=0.8, structured_output=params.structured_output)
+    sampled = SamplingParams(max_tokens=80, temperature=0.8,
+                             structured_output=params.structured_output)
     outs, spec = run(model, prompts, sampled, NGRAM, GrammarBreakingOracle(refs), block_size=4)
     for out in outs:
         if out.finish_reason == "stop":

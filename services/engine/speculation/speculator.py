@@ -34,7 +34,8 @@ from baton.services.engine.structured.masks import BatchMasks
 def speculates(seq: Sequence) -> bool:
     """Whether seq may decode with a draft (see the module's docstring)."""
     p = seq.params
-    return (not seq.hold_kv and seq.prompt_logprobs is None and seq.num_output_tokens >= max(1, p.min_tokens)
+    return (not seq.hold_kv and seq.prompt_logprobs is None
+            and seq.num_output_tokens >= max(1, p.min_tokens)
             and (p.greedy or seq.generator is None))
 
 
