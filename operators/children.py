@@ -9,6 +9,7 @@ from baton.operators import podspec
 from baton.operators import resources as r
 from baton.operators.model_source import model_mount
 from baton.operators.settings import OperatorSettings
+from baton.operators.state_store import state_store
 from baton.operators.workers import served_model_name
 
 Obj = dict[str, Any]
@@ -119,29 +120,25 @@ def gateway_args(body: Obj, spec: Obj, model_path: str, settings: OperatorSettin
     return args + ([f"--api-keys-file={KEYS_DIR}/{secret['key']}"] if secret else ["--no-auth"])
 
 
-def store_urls(gateway: Obj) -> list[Obj]:
-    """The stores' URLs as variables read from their Secrets: they may hold passwords, which a
-    flag would show in the pod spec and in `ps`."""
-    env = []
-    for field, variable in (("rateLimitStoreSecretRef", "BATON_RATE_LIMIT_STORE"),
-                            ("stateStoreSecretRef", "BATON_STATE_STORE")):
-        secret = gateway.get(field)
-        if secret:
-            env.append({"name": variable, "valueFrom": {"secretKeyRef": {
-                "name": secret["name"], "key": secret["key"]}}})
-    return env
+def rate_limit_store(gateway: Obj) -> list[Obj]:
+    """The store's URL as a variable read from its Secret: it may hold a password, which a flag
+    would show in the pod spec and in `ps`."""
+    secret = gateway.get("rateLimitStoreSecretRef")
+    return [{"name": "BATON_RATE_LIMIT_STORE", "valueFrom": {"secretKeyRef": {
+        "name": secret["name"], "key": secret["key"]}}}] if secret else []
 
 
 def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
     image = spec["image"].get("gateway") or settings.gateway_image
     source = model_mount(spec["model"], image, spec["image"]["pullPolicy"], tokenizer_only=True)
+    state = state_store(spec["gateway"])
     box = podspec.container("gateway", image, spec["image"]["pullPolicy"],
-                            gateway_args(body, spec, source.path, settings),
+                            gateway_args(body, spec, source.path, settings) + state.args,
                             {"http": spec["gateway"]["port"], "metrics": settings.probe_port},
                             spec["gateway"].get("resources", {}))
-    box["volumeMounts"] += source.mounts
-    box["env"] = source.env + store_urls(spec["gateway"])
-    pod: Obj = {"volumes": source.volumes}
+    box["volumeMounts"] += source.mounts + state.mounts
+    box["env"] = source.env + rate_limit_store(spec["gateway"]) + state.env
+    pod: Obj = {"volumes": source.volumes + state.volumes}
     if source.init_containers:
         pod["initContainers"] = source.init_containers
     secret = spec["gateway"].get("apiKeysSecretRef")
@@ -150,7 +147,10 @@ def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Ob
         pod["volumes"] = pod["volumes"] + [{
             "name": "api-keys", "secret": {"secretName": secret["name"]}
         }]
-    return _component(body, spec, "gateway", box, pod, {"http": spec["gateway"]["port"]})
+    objects = _component(body, spec, "gateway", box, pod, {"http": spec["gateway"]["port"]})
+    if state.strategy:
+        objects[0]["spec"]["strategy"] = state.strategy
+    return objects
 
 
 def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings) -> Obj:

@@ -1,8 +1,10 @@
-"""The gateway's part of a BatonDeployment's schema: its Service, keys, stores, and the rule that
-keeps more than one replica from granting every tenant its limits again."""
+"""The gateway's part of a BatonDeployment's schema: its Service, keys, stores, and the rules that
+keep more than one replica from granting every tenant its limits again or keeping stored
+responses apart."""
 from __future__ import annotations
 
-from baton.operators.schema_builders import Schema, obj, rule, service_component, string
+from baton.operators.schema_builders import (QUANTITY, Schema, obj, rule, service_component,
+                                             string)
 
 
 def secret_url(what: str, flag: str, variable: str) -> Schema:
@@ -19,7 +21,26 @@ def gateway_rules() -> list[dict[str, str]]:
     return [rule("self.replicas <= 1 || has(self.rateLimitStoreSecretRef)",
                  "more than one gateway replica needs a shared rate-limit store "
                  "(gateway.rateLimitStoreSecretRef): each replica would grant every tenant its "
-                 "limits again")]
+                 "limits again"),
+            rule("self.replicas <= 1 || has(self.stateStoreSecretRef)",
+                 "more than one gateway replica needs a shared state store "
+                 "(gateway.stateStoreSecretRef, PostgreSQL): each replica would keep its own "
+                 "stored responses and usage records"),
+            rule("!has(self.stateStoreSecretRef) || !has(self.stateStoreVolume)",
+                 "gateway.stateStoreSecretRef and gateway.stateStoreVolume are two state stores: "
+                 "set one")]
+
+
+def state_store_volume() -> Schema:
+    return obj({
+        "claimName": string("PersistentVolumeClaim holding the SQLite file, kept across restarts "
+                            "(the gateway's Deployment then replaces its pod by Recreate); unset: "
+                            "an emptyDir, lost with the pod", minLength=1),
+        "sizeLimit": {**QUANTITY, "description": "The emptyDir's size limit",
+                      "default": "1Gi"},
+    }, description="The single replica's state store without stateStoreSecretRef: a SQLite file "
+                   "(--state-store sqlite:////var/lib/baton/state/state.db) on this volume; "
+                   "unset, an emptyDir of 1Gi")
 
 
 def gateway() -> Schema:
@@ -42,6 +63,7 @@ def gateway() -> Schema:
                              enum=["open", "closed"], default="open"),
         stateStoreSecretRef=secret_url(
             "state store (postgresql://... for stored responses and usage records)",
-            "--state-store", "BATON_STATE_STORE"))
+            "--state-store", "BATON_STATE_STORE"),
+        stateStoreVolume=state_store_volume())
     schema["x-kubernetes-validations"] = gateway_rules()
     return schema

@@ -48,8 +48,8 @@ def service_component(name: str, port: int, protocol: str, **more: Schema) -> Sc
     return obj(
         {
             "replicas": integer(f"{name} replicas" + (
-                " (more than one needs rateLimitStoreSecretRef)" if name == "gateway" else ""),
-                minimum=1, maximum=100, default=1),
+                " (more than one needs rateLimitStoreSecretRef and stateStoreSecretRef)"
+                if name == "gateway" else ""), minimum=1, maximum=100, default=1),
             "port": integer(f"{name} {protocol} port", minimum=1024, maximum=65535, default=port),
             "resources": RESOURCES,
             **more,

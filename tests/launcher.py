@@ -3,10 +3,12 @@
 - `start_stack`: the whole stack (workers, router, gateway), started as `baton serve` starts it.
 - `start_workers`: engine workers alone, one per role, for the worker tests.
 - `launch_sim_worker` / `launch_router` / `launch_gateway`: single services started side by side,
-  not yet ready (the caller waits), for the router service, tracing and migration tests.
+  not yet ready (the caller waits), for the router service, tracing and migration tests;
+  `sim_gateway`: the three together, ready, for tests of the gateway's HTTP side.
 Plus what every caller needs around them: metric scrapes, stopping, waiting for a condition."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,7 +19,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,6 +267,24 @@ def launch_gateway(name: str, router_address: str, *extra: str,
     args = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--router", router_address,
             *auth, *store, *extra]
     return launch_service(name, args, env=env), port
+
+
+@contextlib.contextmanager
+def sim_gateway(*gateway_args: str) -> Iterator[int]:
+    """A sim worker (50 ms per step), a router and a gateway started with `gateway_args`, all
+    ready: the gateway's HTTP port. All three stop when the block ends."""
+    started: list[ServiceProcess] = []
+    try:
+        worker, address = launch_sim_worker("worker", "--sim-step-base-seconds", "0.05")
+        started.append(worker.wait_ready())
+        router, _ = launch_router("router", "--workers", address)
+        started.append(router.wait_ready())
+        gateway, port = launch_gateway("gateway", router.address, *gateway_args)
+        started.append(gateway.wait_ready())
+        yield port
+    finally:
+        for service in reversed(started):
+            service.terminate()
 
 
 # -- stopping and waiting -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ OTHER_VARIABLES = {
     "BATON_GPU_CHECK_PROMPT_WORDS": "the long prompt of the GPU checks",
     # the gateway's --state-store (stored responses, usage records), which the operator sets from
     # spec.gateway.stateStoreSecretRef
-    "BATON_STATE_STORE": "the gateway's state store URL, from a Secret (operators/children.py)",
+    "BATON_STATE_STORE": "the gateway's state store URL, from a Secret (operators/state_store.py)",
 }
 
 

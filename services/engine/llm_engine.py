@@ -13,8 +13,9 @@ from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.detokenizer import IncrementalDetokenizer
-from baton.services.engine.kv.block_manager import BlockEvent, BlockManager
-from baton.services.engine.kv.handoff import HandoffTable, HeldKV
+from baton.services.engine.kv.block_manager import BlockManager, Medium, MediumEvent
+from baton.services.engine.kv.handoff import HandoffTable, HeldKV, Reservation
+from baton.services.engine.kv.tiers.handoff_loads import HandoffLoads
 from baton.services.engine.kv.tiers.manager import TierManager
 from baton.services.engine.lora.manager import LoRAManager
 from baton.services.engine.model_runner import ModelRunner
@@ -38,7 +39,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 SERVING_API = frozenset({
     "submit", "step", "has_unfinished_requests", "abort",  # requests in, outputs out
     # hand-off, decode side
-    "reserve_prefilled", "commit_prefilled", "park_reserved", "release_parked",
+    "reserve_prefilled", "prefilled_loaded", "commit_prefilled", "park_reserved",
+    "release_parked",
     "held_kv", "release_kv",  # hand-off, prefill side
     "stats", "model_id", "block_size", "max_model_len", "kv_cache",  # load and shape
     "attention_heads", "rank_executor",  # KV hand-off across tensor-parallel sizes
@@ -132,6 +134,7 @@ class LLMEngine:
         self.counters = EngineCounters()
         # Both ends of a KV hand-off: sequences with blocks taken outside the batch (kv/handoff.py).
         self.handoffs = HandoffTable()
+        self.handoff_loads = HandoffLoads(self.tiers, config.block_size, self.model_id)
         self.intake = RequestIntake(config, self.model_config, self.tokenizer, self.eos_ids,
                                     self.max_model_len, self.blocks, self.handoffs, self.lora)
         self.outputs = OutputProcessor(self.intake, self.scheduler, self.handoffs, self.counters,
@@ -179,10 +182,10 @@ class LLMEngine:
         seq.hold_kv = hold_kv
         self.scheduler.add(seq)
 
-    def reserve_prefilled(self, request: EngineRequest) -> tuple[list[int], int] | None:
-        """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere. Returns
-        (block ids, number of leading blocks already held by the local prefix cache, which need no
-        transfer), or None when the cache or the batch has no room now. Raises ValueError like
+    def reserve_prefilled(self, request: EngineRequest) -> Reservation | None:
+        """Decode side of a hand-off: blocks for a prompt whose KV was computed elsewhere, the
+        leading ones the local prefix cache holds (and those its KV tiers hold, being loaded) need
+        no transfer; None when the cache or the batch has no room now. Raises ValueError like
         submit."""
         seq = self.intake.admit(request)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
@@ -197,7 +200,13 @@ class LLMEngine:
         self.scheduler.stats.prefix_cache_queries += seq.num_prompt_tokens
         self.scheduler.stats.prefix_cache_hits += seq.num_cached_tokens
         self.handoffs.reserve(seq)
-        return list(seq.block_ids), len(hits)
+        loading = self.handoff_loads.start(seq, len(hits))
+        return Reservation(list(seq.block_ids), len(hits), loading)
+
+    def prefilled_loaded(self, request_id: str) -> int | None:
+        """A reservation's leading blocks in place once its load from the KV tiers has ended (the
+        rest are to pull), or None while it runs."""
+        return self.handoff_loads.loaded(request_id)
 
     def _lora_slot_for(self, seq: Sequence) -> bool:
         """The decode side of a hand-off holds its adapter's slot from the reservation on."""
@@ -225,6 +234,7 @@ class LLMEngine:
         """Moves a reservation out of its request's way, its blocks still taken (a late write may
         still land in them); returns the ticket that release_parked frees them by."""
         seq = self.seqs.get(request_id)
+        self.handoff_loads.settle(request_id)
         ticket = self.handoffs.park(request_id)
         if seq is not None and self.lora is not None:
             self.lora.release(seq)
@@ -240,6 +250,7 @@ class LLMEngine:
     def release_kv(self, request_id: str) -> bool:
         """Ends a held (prefill side: pulled, released or expired) or reserved (decode side)
         hand-off: its blocks go back."""
+        self.handoff_loads.settle(request_id)
         seq = self.handoffs.release(request_id)
         if seq is None:
             return False
@@ -294,7 +305,9 @@ class LLMEngine:
             recent_step_seconds=list(counters.recent_step_seconds),
             prefill_tokens_per_s=counters.prefill_tokens_per_s(),
             lora=None if self.lora is None else self.lora.stats(),
-            lora_running=sorted(sched.running_loras()), lora_waiting=sorted(sched.waiting_loras()))
+            lora_running=sorted(sched.running_loras()), lora_waiting=sorted(sched.waiting_loras()),
+            tier_load_seconds_per_block=(
+                {} if self.tiers is None else self.tiers.load_seconds_per_block()))
 
     @property
     def block_size(self) -> int:
@@ -319,15 +332,25 @@ class LLMEngine:
     def record_block_events(self) -> None:
         """From now on, log each block that becomes hittable or stops being so."""
         self.blocks.record_events = True
+        if self.tiers is not None:
+            self.tiers.record_events = True
 
-    def drain_block_events(self) -> list[BlockEvent]:
-        """The block events since the last drain, oldest first (engine thread only)."""
-        events, self.blocks.events = self.blocks.events, []
+    def drain_block_events(self) -> list[MediumEvent]:
+        """The block events since the last drain, each saying which cache or tier it is about;
+        oldest first within each (engine thread only)."""
+        events: list[MediumEvent] = [(kind, h, "device") for kind, h in self.blocks.events]
+        self.blocks.events = []
+        if self.tiers is not None:
+            events += self.tiers.drain_events()
         return events
 
-    def cached_block_hashes(self) -> list[int]:
-        """Every block hash the prefix cache can hit now (engine thread only)."""
-        return list(self.blocks.cached)
+    def cached_block_hashes(self) -> dict[Medium, list[int]]:
+        """Every block hash the prefix cache can hit now, and each KV tier can load (engine thread
+        only)."""
+        hashes: dict[Medium, list[int]] = {"device": list(self.blocks.cached)}
+        if self.tiers is not None:
+            hashes.update(self.tiers.block_hashes())
+        return hashes
 
     def close(self) -> None:
         """Stops the KV tiers' copy worker and the engine's other tensor-parallel ranks, if any

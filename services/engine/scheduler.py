@@ -254,7 +254,9 @@ class Scheduler:
         if self.tiers is None:
             return
         for job in self.tiers.poll():
-            seq = self.loading.pop(job.id)
+            seq = self.loading.pop(job.id, None)
+            if seq is None:  # a hand-off reservation's load (tiers/handoff_loads.py)
+                continue
             del self.loading_jobs[job.id]
             old = seq.num_computed_tokens
             seq.num_computed_tokens = old + job.loaded * self.blocks.block_size

@@ -45,3 +45,5 @@ class EngineStats:
     lora: LoRAStats | None = None  # None: LoRA is off
     lora_running: list[str] = field(default_factory=list)  # adapters of running requests
     lora_waiting: list[str] = field(default_factory=list)  # adapters of waiting requests
+    # KV tier -> measured seconds to load one block from it (TierManager.load_seconds_per_block)
+    tier_load_seconds_per_block: dict[str, float] = field(default_factory=dict)

@@ -122,6 +122,12 @@ class GatewayConfig(BatonSettings):
         0.5, gt=0,
         description="How long a rate-limit store call may take before it counts as the store "
                     "being down")
+    rate_limit_store_retry_after_s: float = Field(
+        1.0, gt=0,
+        description="After a rate-limit store call fails, how long the store is left alone (each "
+                    "request meanwhile decided as --rate-limit-fail says, without the store's "
+                    "timeout) before it is tried again; also the Retry-After of the 503s when "
+                    "failing closed")
     rate_limit_output_estimate: int = Field(
         256, ge=1,
         description="Completion tokens reserved per choice of a request that sets no max_tokens "

@@ -19,6 +19,7 @@ from baton.services.router.plugins.base import SchedulingRequest
 from baton.services.router.plugins.picker import Picker
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
+from baton.services.router.tier_value import tier_blocks
 from baton.services.router.tpot_predictor import decode_join_wait_s, predict_tpot_s
 from baton.services.router.ttft_predictor import TTFTPredictor
 from baton.services.router.worker_state import WorkerState
@@ -67,11 +68,12 @@ class Planner:
         the candidates the request's TPOT SLO leaves; a Rejection when that SLO leaves no decode
         worker; None when no worker can take it at all."""
         req = pending.request
+        device = self.index.match_lengths(pending.hashes)
         sreq = SchedulingRequest(req.request_id, len(req.prompt_token_ids),
-                                 self.config.block_size, now,
-                                 self.index.match_lengths(pending.hashes), req.tenant, req.priority,
+                                 self.config.block_size, now, device, req.tenant, req.priority,
                                  self.affinity.workers_for(req.tenant, req.affinity_key),
-                                 lora_name=req.lora_name)
+                                 lora_name=req.lora_name,
+                                 tier_blocks=self._tier_blocks(pending, device, candidates))
         workers, tpot, refusal = self._decode_fit(pending, candidates)
         if refusal is not None:
             return refusal
@@ -92,7 +94,7 @@ class Planner:
         prefill = prefill_pick.worker if decision.remote and prefill_pick is not None else None
         computing = prefill if prefill is not None else decode
         predicted = self.predictor.predict(computing.worker_id, computing.queued_prefill_tokens(),
-                                           sreq.uncached_tokens(computing.worker_id))
+                                           sreq.prefill_work_tokens(computing.worker_id))
         if prefill is None or not pending.request.first_token_at_prefill:
             predicted += decode_join_wait_s(decode, tpot.get(decode.worker_id))
         saturated = decode_pick.reason == "all_saturated" or (
@@ -100,6 +102,14 @@ class Planner:
             prefill_pick.reason == "all_saturated")
         return Plan(sreq, decode, prefill, decision.reason, predicted, decode_pick.reason,
                     saturated)
+
+    def _tier_blocks(self, pending: Pending, device: dict[str, int],
+                     candidates: Iterable[WorkerState]) -> dict[str, float]:
+        runs = self.index.tier_runs(pending.hashes, device)
+        if not runs:
+            return {}
+        workers = {w.worker_id: w for w in candidates}
+        return tier_blocks(runs, workers, self.predictor, self.config.block_size)
 
     def _decode_fit(
         self, pending: Pending, candidates: Iterable[WorkerState]

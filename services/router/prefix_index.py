@@ -20,6 +20,12 @@ Each hash's holders are an int bitmask over worker slots rather than a set of id
 sets made every full garbage collection walk them all (pauses of hundreds of milliseconds), and ints
 are not GC-tracked.
 
+Events and snapshots also say which blocks a worker holds in its KV tiers (host memory, local
+disk: the event's medium). Those are kept per worker, apart from the device holders: match_lengths
+answers from the device caches as before, and tier_runs says how far each worker's run of leading
+blocks goes on in its tiers past its device run (a worker loads tier blocks only to continue a
+device prefix, kv/tiers), which the scorers value by measured load cost (tier_value.py).
+
 Hashes come from baton.services.common.block_hash (the caller computes them with the tenant's salt),
 so the index only ever compares opaque 64-bit keys.
 """
@@ -30,14 +36,26 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from baton.services.common.messages.worker import EventKind, KVEvent
+from baton.services.common.messages.worker import EventKind, KVEvent, Medium
 
 
 @dataclass
 class _ExactState:
     last_sequence: int = 0
     needs_resync: bool = False
-    hashes: set[int] = field(default_factory=set)
+    hashes: set[int] = field(default_factory=set)  # in the device cache
+    host: set[int] = field(default_factory=set)  # in the host-memory tier
+    disk: set[int] = field(default_factory=set)  # in the local-disk tier
+
+    def tier(self, medium: Medium) -> set[int]:
+        return self.host if medium is Medium.HOST else self.disk
+
+
+@dataclass(frozen=True)
+class TierRun:
+    """Leading blocks a worker holds in its KV tiers right after its device-cache run."""
+    host: int = 0
+    disk: int = 0
 
 
 class _Journal:
@@ -138,7 +156,12 @@ class PrefixIndex:
             if event.sequence != state.last_sequence + 1:
                 state.needs_resync = True
                 break
-            self._apply_one(worker_id, state, event.kind, event.block_hashes)
+            if event.medium is Medium.DEVICE or event.kind is EventKind.CLEARED:
+                self._apply_one(worker_id, state, event.kind, event.block_hashes)
+            elif event.kind is EventKind.STORED:
+                state.tier(event.medium).update(event.block_hashes)
+            else:
+                state.tier(event.medium).difference_update(event.block_hashes)
             state.last_sequence = event.sequence
         return not state.needs_resync
 
@@ -154,11 +177,15 @@ class PrefixIndex:
         else:
             self._drop_exact_entries(worker_id, state)
 
-    def apply_snapshot(self, worker_id: str, sequence: int, hashes: Iterable[int]) -> None:
-        """Replaces the worker's entries with a snapshot's; events after `sequence` apply next."""
+    def apply_snapshot(self, worker_id: str, sequence: int, hashes: Iterable[int],
+                       host: Iterable[int] = (), disk: Iterable[int] = ()) -> None:
+        """Replaces the worker's entries (device cache, and host and disk tiers) with a snapshot's;
+        events after `sequence` apply next."""
         state = self._exact.setdefault(worker_id, _ExactState())
         self._drop_exact_entries(worker_id, state)
         state.hashes.update(hashes)
+        state.host.update(host)
+        state.disk.update(disk)
         _set_bit(self._exact_holders, state.hashes, self._slots.bit(worker_id))
         state.last_sequence = sequence
         state.needs_resync = False
@@ -166,6 +193,8 @@ class PrefixIndex:
     def _drop_exact_entries(self, worker_id: str, state: _ExactState) -> None:
         _clear_bit(self._exact_holders, state.hashes, self._slots.bit(worker_id))
         state.hashes.clear()
+        state.host.clear()
+        state.disk.clear()
 
     def needs_resync(self, worker_id: str) -> bool:
         state = self._exact.get(worker_id)
@@ -279,6 +308,23 @@ class PrefixIndex:
                 alive = still
         self._name(matched, alive, len(hashes))
         return matched
+
+    def tier_runs(self, hashes: Sequence[int], device: dict[str, int]) -> dict[str, TierRun]:
+        """For each worker with events whose run of leading blocks goes on in its KV tiers past
+        its device run (device: match_lengths' answer), how many of those blocks are in each
+        tier. Workers without tiers cost one empty-set check each."""
+        runs: dict[str, TierRun] = {}
+        for worker_id, state in self._exact.items():
+            if not (state.host or state.disk) or self._approx_mask & self._slots.bit(worker_id):
+                continue  # no tiers, or its events are down: placements answer for it
+            start = i = device.get(worker_id, 0)
+            host = 0
+            while i < len(hashes) and (hashes[i] in state.host or hashes[i] in state.disk):
+                host += hashes[i] in state.host
+                i += 1
+            if i > start:
+                runs[worker_id] = TierRun(host, i - start - host)
+        return runs
 
     def _name(self, matched: dict[str, int], bits: int, length: int) -> None:
         ids = self._slots.ids

@@ -200,7 +200,8 @@ class Router:
         with self._lock:
             if snapshot.worker_id in self._workers:
                 self.index.apply_snapshot(snapshot.worker_id, snapshot.sequence,
-                                          snapshot.block_hashes)
+                                          snapshot.block_hashes, snapshot.host_block_hashes,
+                                          snapshot.disk_block_hashes)
                 self.index.set_events_available(snapshot.worker_id, True)
 
     def set_events_available(self, worker_id: str, available: bool) -> None:

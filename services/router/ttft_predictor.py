@@ -37,7 +37,7 @@ class TTFTPredictor:
         """What a set of workers drains together (a router-side queue is served by all of them)."""
         return sum(self.tokens_per_s(w) for w in worker_ids)
 
-    def predict(self, worker_id: str, queued_tokens: int, uncached_tokens: int) -> float:
+    def predict(self, worker_id: str, queued_tokens: int, uncached_tokens: float) -> float:
         return self.overhead_s + (queued_tokens + uncached_tokens) / self.tokens_per_s(worker_id)
 
     def observe(self, worker_id: str, queued_tokens: int, uncached_tokens: int,

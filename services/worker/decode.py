@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
+from baton.services.engine.kv.handoff import Reservation
 from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
@@ -118,7 +119,9 @@ class DecodeSide:
             if reservation is None:
                 raise KVTransferError(
                     f"no free KV blocks within {self.config.transfer_timeout_seconds}s")
-            blocks, hits = reservation
+            blocks, hits, loading = reservation
+            if loading:
+                hits = await self._loaded(request_id, hits + loading)
             with tracer.start_as_current_span("kv_transfer", attributes={
                     "baton.request_id": request_id, "baton.transport": self.transport.name,
                     "baton.blocks": len(blocks) - hits, "baton.blocks_cached": hits}):
@@ -151,7 +154,17 @@ class DecodeSide:
             return self.config.lease_seconds + self.config.transfer_timeout_seconds
         return 0.0
 
-    async def _reserve(self, request: EngineRequest) -> tuple[list[int], int] | None:
+    async def _loaded(self, request_id: str, wanted: int) -> int:
+        """Waits for the reservation's blocks from this worker's own KV tiers (a copy that always
+        ends); returns the leading blocks in place, counting those it did not need to pull."""
+        while (in_place := await self.loop.prefilled_loaded(request_id)) is None:
+            await asyncio.sleep(RESERVE_RETRY_SECONDS)
+        if in_place < wanted:
+            log.info("request %s: %d of its blocks failed to load from the KV tiers; pulled "
+                     "instead", request_id, wanted - in_place)
+        return in_place
+
+    async def _reserve(self, request: EngineRequest) -> Reservation | None:
         deadline = time.monotonic() + self.config.transfer_timeout_seconds
         while True:
             reservation = await self.loop.reserve_prefilled(request)

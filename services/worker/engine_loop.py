@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
-from baton.services.engine.kv.handoff import HeldKV
+from baton.services.engine.kv.block_manager import Medium
+from baton.services.engine.kv.handoff import HeldKV, Reservation
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.requests import EngineRequest
 from baton.services.worker.kv_events import KVEventLog
@@ -76,10 +77,14 @@ class EngineLoop:
 
     # The hand-off, decode side.
 
-    async def reserve_prefilled(self, request: EngineRequest) -> tuple[list[int], int] | None:
-        """Blocks for a prompt whose KV comes from elsewhere: (block ids, leading blocks already
-        cached here), or None when there is no room now."""
+    async def reserve_prefilled(self, request: EngineRequest) -> Reservation | None:
+        """Blocks for a prompt whose KV comes from elsewhere, saying which are cached here already
+        or loading from this worker's KV tiers; None when there is no room now."""
         return await self._call(LLMEngine.reserve_prefilled, request)
+
+    async def prefilled_loaded(self, request_id: str) -> int | None:
+        """A reservation's leading blocks in place once its tier load has ended; None before."""
+        return await self._call(LLMEngine.prefilled_loaded, request_id)
 
     async def commit_prefilled(self, request_id: str, first_token: int,
                                first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
@@ -109,9 +114,10 @@ class EngineLoop:
 
     # The prefix cache, mirrored by the router.
 
-    async def kv_snapshot(self, events: KVEventLog) -> tuple[int, list[int]]:
-        """Every block hash the prefix cache can hit now, and the event sequence number that covers
-        them all (the engine's pending block events are drained into `events` first)."""
+    async def kv_snapshot(self, events: KVEventLog) -> tuple[int, dict[Medium, list[int]]]:
+        """Every block hash the prefix cache can hit now (and each KV tier holds), and the event
+        sequence number that covers them all (the engine's pending block events are drained into
+        `events` first)."""
         return await self._call(_kv_snapshot, events)
 
     async def _call(self, command: Callable[Concatenate[LLMEngine, P], T], *args: P.args,
@@ -172,7 +178,7 @@ class EngineLoop:
                 stream.put_nowait(out)
 
 
-def _kv_snapshot(engine: LLMEngine, events: KVEventLog) -> tuple[int, list[int]]:
+def _kv_snapshot(engine: LLMEngine, events: KVEventLog) -> tuple[int, dict[Medium, list[int]]]:
     events.drain(engine)  # so that the sequence number covers every hash in the snapshot
     return events.last_sequence, engine.cached_block_hashes()
 

@@ -7,7 +7,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from baton.services.engine.kv.block_manager import BlockEvent
+from baton.services.engine.kv.block_manager import Medium, MediumEvent
 from baton.services.engine.llm_engine import LLMEngine
 
 
@@ -16,6 +16,7 @@ class KVEvent:
     sequence: int
     kind: str  # "stored" | "removed"
     block_hash: int
+    medium: Medium = "device"  # the cache or KV tier it is about
 
 
 class KVEventLog:
@@ -28,11 +29,11 @@ class KVEventLog:
     def last_sequence(self) -> int:
         return self._last
 
-    def extend(self, events: list[BlockEvent]) -> None:
+    def extend(self, events: list[MediumEvent]) -> None:
         with self._lock:
-            for kind, block_hash in events:
+            for kind, block_hash, medium in events:
                 self._last += 1
-                self._events.append(KVEvent(self._last, kind, block_hash))
+                self._events.append(KVEvent(self._last, kind, block_hash, medium))
 
     def drain(self, engine: LLMEngine) -> None:
         """Moves the engine's new block events into the log: the one place they are drained (on the

@@ -22,7 +22,7 @@ from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide, KVHandoff, TransferFailed
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_events import KVEventLog
+from baton.services.worker.kv_events import KVEvent, KVEventLog
 from baton.services.worker.kv_transfer.base import (KVStreamSource, KVTransferError,
                                                     kv_handle_from_proto, kv_handle_to_proto)
 from baton.services.worker.lease_client import HandleNotFound
@@ -200,7 +200,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             max_model_len=self.engine.max_model_len,
             prefill_tokens_per_s=s.prefill_tokens_per_s or 0.0,
             lora_adapters=s.lora.registered if s.lora else [],
-            loaded_loras=s.lora.resident if s.lora else [])
+            loaded_loras=s.lora.resident if s.lora else [],
+            host_load_seconds_per_block=s.tier_load_seconds_per_block.get("host", 0.0),
+            disk_load_seconds_per_block=s.tier_load_seconds_per_block.get("disk", 0.0))
 
     async def StreamKVEvents(self, request: pb.StreamKVEventsRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KVEventBatch]:
@@ -208,18 +210,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         while True:
             events, gap = self.events.since(after)
             if events or gap:
-                yield pb.KVEventBatch(
-                    worker_id=self.worker_id, gap=gap, events=[
-                        pb.KVEvent(
-                            sequence=ev.sequence, block_hashes=[ev.block_hash],
-                            kind=pb.KVEvent.KIND_STORED
-                            if ev.kind == "stored" else pb.KVEvent.KIND_REMOVED) for ev in events
-                    ])
+                yield pb.KVEventBatch(worker_id=self.worker_id, gap=gap,
+                                      events=[kv_event_to_proto(ev) for ev in events])
                 after = events[-1].sequence if events else self.events.last_sequence
             await asyncio.sleep(EVENT_POLL_SECONDS)
 
     async def GetKVSnapshot(self, request: pb.GetKVSnapshotRequest,
                             context: grpc.aio.ServicerContext) -> pb.KVSnapshot:
         sequence, hashes = await self.loop.kv_snapshot(self.events)
-        return pb.KVSnapshot(worker_id=self.worker_id, sequence=sequence, block_hashes=hashes,
-                             block_size=self.engine.block_size)
+        return pb.KVSnapshot(worker_id=self.worker_id, sequence=sequence,
+                             block_hashes=hashes["device"], block_size=self.engine.block_size,
+                             host_block_hashes=hashes.get("host", []),
+                             disk_block_hashes=hashes.get("disk", []))
+
+
+MEDIUMS = {"device": pb.KV_MEDIUM_DEVICE, "host": pb.KV_MEDIUM_HOST, "disk": pb.KV_MEDIUM_DISK}
+
+
+def kv_event_to_proto(event: KVEvent) -> pb.KVEvent:
+    kind = pb.KVEvent.KIND_STORED if event.kind == "stored" else pb.KVEvent.KIND_REMOVED
+    return pb.KVEvent(sequence=event.sequence, kind=kind, block_hashes=[event.block_hash],
+                      medium=MEDIUMS[event.medium])

@@ -19,7 +19,7 @@ def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int],
     while first is None:
         first = next((o for o in prefill.step() if o.request_id == rid and o.finished), None)
     src = prefill.held_kv(rid).block_ids
-    dst, hits = decode.reserve_prefilled(EngineRequest(rid, prompt, params))
+    dst, hits, _ = decode.reserve_prefilled(EngineRequest(rid, prompt, params))
     decode.kv_cache[:, dst[hits:]] = prefill.kv_cache[:, src[hits:]]
     assert prefill.release_kv(rid)
     out = decode.commit_prefilled(rid, first.token_ids[0])
@@ -50,7 +50,7 @@ def test_receiver_skips_blocks_it_already_caches(tiny_model_dirs):
     shared = random_prompts(1, 500, seed=9, min_len=64, max_len=64)[0]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     handoff(prefill, decode, "a", shared + [1, 2, 3], params)
-    _, hits = decode.reserve_prefilled(EngineRequest("b", shared + [7, 8, 9, 10], params))
+    _, hits, _ = decode.reserve_prefilled(EngineRequest("b", shared + [7, 8, 9, 10], params))
     assert hits == 64 // decode.blocks.block_size
     decode.abort_request("b")
     assert decode.blocks.num_free_blocks == decode.blocks.num_blocks
@@ -78,7 +78,7 @@ def test_parked_reservation_keeps_its_blocks_until_released(tiny_model_dirs):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     prompt = list(range(5, 45))
-    blocks, _ = engine.reserve_prefilled(EngineRequest("r", prompt, params))
+    blocks, _, _ = engine.reserve_prefilled(EngineRequest("r", prompt, params))
     ticket = engine.park_reserved("r")
     engine.add_request("r", prompt, params)
     while engine.has_unfinished_requests():

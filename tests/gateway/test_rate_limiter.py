@@ -10,8 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from baton.services.common.process import free_port
+from baton.services.gateway.config import GatewayConfig
 from baton.services.gateway.metrics import GatewayMetrics
-from baton.services.gateway.rate_limits.limiter import RateLimiter
+from baton.services.gateway.rate_limits.limiter import RateLimiter, build_limiter
 from baton.services.gateway.rate_limits.memory import MemoryStore
 from baton.services.gateway.rate_limits.redis_store import RedisStore
 from baton.services.gateway.rate_limits.store import RateLimited
@@ -133,3 +134,36 @@ def test_the_outage_ends_when_the_store_answers_again(caplog, prefix):
     assert sum("unavailable" in m for m in messages) == 1
     assert sum("is back after" in m for m in messages) == 1
     assert metrics.rate_limit_store_up._value.get() == 1
+
+
+def test_the_store_is_left_alone_for_the_configured_time_after_an_error(monkeypatch):
+    """BATON_RATE_LIMIT_STORE_RETRY_AFTER_S: within it, requests are decided without calling the
+    store, and a gateway failing closed tells clients to come back after it."""
+    monkeypatch.setenv("BATON_RATE_LIMIT_STORE_RETRY_AFTER_S", "600")
+    config = GatewayConfig(rate_limit_store=f"redis://127.0.0.1:{free_port()}/0",
+                           rate_limit_fail="closed")
+    metrics = GatewayMetrics(CollectorRegistry())
+
+    async def scenario() -> tuple[list[RateLimited], int]:
+        limiter = build_limiter(config, metrics)
+        calls = 0
+        real_take = limiter.store.take
+
+        async def take(*args: object) -> object:
+            nonlocal calls
+            calls += 1
+            return await real_take(*args)
+
+        limiter.store.take = take  # type: ignore[method-assign]
+        refusals = []
+        for _ in range(3):
+            with pytest.raises(RateLimited) as refused:
+                await limiter.admit("t", None, 1000, 100)
+            refusals.append(refused.value)
+        await limiter.close()
+        return refusals, calls
+
+    refusals, calls = asyncio.run(scenario())
+    assert calls == 1  # the first refusal found the store down; the others did not ask it
+    assert [e.retry_after_s for e in refusals] == [600.0] * 3
+    assert errors(metrics, "refused") == 3

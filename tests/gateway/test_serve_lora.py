@@ -88,6 +88,7 @@ def test_adapters_and_base_at_once_match_peft(served, lora_case) -> None:
 
 
 def test_unknown_model_is_404_and_serving_goes_on(served) -> None:
+    wait_for(lambda: len(_models(served)) == 4, timeout=60, what="the adapters in /v1/models")
     client = openai.OpenAI(base_url=served.url, api_key="none", max_retries=0, timeout=240)
     with pytest.raises(openai.NotFoundError) as refused:
         client.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)

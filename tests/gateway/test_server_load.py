@@ -8,24 +8,13 @@ import httpx
 import openai
 import pytest
 
-from baton.services.common.process import ServiceProcess
-from tests.launcher import launch_gateway, launch_router, launch_sim_worker, wait_for
+from tests.launcher import sim_gateway, wait_for
 
 
 @pytest.fixture(scope="module")
 def port():
-    started: list[ServiceProcess] = []
-    try:
-        worker, address = launch_sim_worker("worker", "--sim-step-base-seconds", "0.05")
-        started.append(worker.wait_ready())
-        router, _ = launch_router("router", "--workers", address)
-        started.append(router.wait_ready())
-        gateway, port = launch_gateway("gateway", router.address, "--slos=")
-        started.append(gateway.wait_ready())
+    with sim_gateway("--slos=") as port:
         yield port
-    finally:
-        for service in reversed(started):
-            service.terminate()
 
 
 def load(port: int) -> int:

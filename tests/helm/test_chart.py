@@ -46,10 +46,25 @@ def test_gateway_replicas_without_a_shared_rate_limit_store_are_refused(
     assert "needs a shared rate-limit store" in result.stderr, result.stderr
 
 
-def test_gateway_replicas_with_a_shared_rate_limit_store_render(helm: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("gateway", "message"), [
+    ("replicas: 2\n      rateLimitStoreSecretRef: {name: redis}", "needs a shared state store"),
+    ("stateStoreSecretRef: {name: pg}\n      stateStoreVolume: {claimName: state}",
+     "are two state stores")])
+def test_gateway_state_stores_that_cannot_serve_are_refused(
+        helm: str, tmp_path: Path, gateway: str, message: str) -> None:
+    """Replicas each on a store of their own, or two stores at once."""
+    values = tmp_path / "stores.yaml"
+    values.write_text("example:\n  enabled: true\n  spec:\n    gateway:\n      " + gateway + "\n")
+    result = run_helm(helm, "template", "x", str(CHART), "-f", str(values))
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def test_gateway_replicas_with_shared_stores_render(helm: str, tmp_path: Path) -> None:
     values = tmp_path / "replicas.yaml"
     values.write_text("example:\n  enabled: true\n  spec:\n    gateway:\n      replicas: 2\n"
-                      "      rateLimitStoreSecretRef: {name: redis}\n")
+                      "      rateLimitStoreSecretRef: {name: redis}\n"
+                      "      stateStoreSecretRef: {name: pg}\n")
     result = run_helm(helm, "template", "x", str(CHART), "-f", str(values))
     assert result.returncode == 0, result.stderr
     example = next(d for d in documents(result.stdout) if d["kind"] == "BatonDeployment")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from baton.operators import resources as r
 from baton.operators.children import gateway_objects, router_args
 from baton.operators.settings import OperatorSettings
+from baton.operators.state_store import STATE_DIR
 from baton.operators.spec import defaulted
 
 
@@ -76,6 +77,48 @@ def test_the_stores_urls_come_from_their_secrets_never_from_flags():
     assert box["args"][box["args"].index("--rate-limit-fail") + 1] == "closed"
     assert not any("redis" in a or "--state-store" in a or "--rate-limit-store" in a
                    for a in box["args"])
+
+
+def gateway_pod(gateway: dict) -> tuple[dict, dict]:
+    """The gateway's Deployment spec and container for a BatonDeployment with this gateway."""
+    body = {"metadata": {"name": "qwen", "namespace": "llm", "uid": "u"},
+            "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND,
+            "spec": {"model": {"huggingFace": "Qwen/Qwen3-8B"}, "image": {"worker": "w:1"},
+                     "gateway": gateway, "pools": {"decode": {"minReplicas": 1,
+                                                              "maxReplicas": 1}}}}
+    objects = gateway_objects(body, defaulted(r.DEPLOYMENT_KIND, body), OperatorSettings())
+    deployment = next(o for o in objects if o["kind"] == "Deployment")["spec"]
+    return deployment, deployment["template"]["spec"]["containers"][0]
+
+
+def mounted_volume(deployment: dict, box: dict, path: str) -> dict:
+    """The pod's volume the container mounts at `path` (its `name` left out)."""
+    name = next(m["name"] for m in box["volumeMounts"] if m["mountPath"] == path)
+    volume = next(v for v in deployment["template"]["spec"]["volumes"] if v["name"] == name)
+    return {k: v for k, v in volume.items() if k != "name"}
+
+
+def test_one_gateway_keeps_its_state_in_sqlite_on_an_empty_dir_by_default():
+    deployment, box = gateway_pod({})
+    assert f"--state-store=sqlite:///{STATE_DIR}/state.db" in box["args"]
+    assert mounted_volume(deployment, box, STATE_DIR) == {"emptyDir": {"sizeLimit": "1Gi"}}
+    assert "strategy" not in deployment  # a new pod starts on a store of its own
+
+
+def test_a_claimed_state_volume_outlives_the_pod_which_is_replaced_by_recreate():
+    deployment, box = gateway_pod({"stateStoreVolume": {"claimName": "gw-state"}})
+    assert f"--state-store=sqlite:///{STATE_DIR}/state.db" in box["args"]
+    assert mounted_volume(deployment, box, STATE_DIR) == {
+        "persistentVolumeClaim": {"claimName": "gw-state"}}
+    # a ReadWriteOnce claim (and the SQLite file on it) takes one pod at a time
+    assert deployment["strategy"] == {"type": "Recreate"}
+
+
+def test_a_postgresql_state_store_needs_no_volume():
+    deployment, box = gateway_pod({"stateStoreSecretRef": {"name": "pg"}})
+    assert not any(a.startswith("--state-store") for a in box["args"])
+    assert all(m["mountPath"] != STATE_DIR for m in box["volumeMounts"])
+    assert "strategy" not in deployment
 
 
 def test_without_stores_the_gateway_gets_neither_variable():

@@ -110,6 +110,20 @@ async def test_creating_a_deployment_makes_every_child(operator: Operator) -> No
     assert pool["spec"]["routerUrl"] == "http://qwen-router:9100"
 
 
+async def test_a_gateway_state_volume_reaches_the_gateway_deployment(operator: Operator) -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["gateway"]["stateStoreVolume"] = {"claimName": "qwen-state"}
+    await create(operator, body("stateful", spec))
+    gateway = (await wait_for(operator, "Deployment", "stateful-gateway"))["spec"]
+    pod = gateway["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"]
+                 if m["mountPath"] == "/var/lib/baton/state")
+    assert {"name": mount["name"], "persistentVolumeClaim": {"claimName": "qwen-state"}} in \
+        pod["volumes"]
+    assert "--state-store=sqlite:////var/lib/baton/state/state.db" in pod["containers"][0]["args"]
+    assert gateway["strategy"] == {"type": "Recreate"}
+
+
 async def test_scale_subresource_reaches_the_deployment(operator: Operator) -> None:
     await create(operator, body())
     await wait_for(operator, "Deployment", "qwen-prefill")
@@ -196,4 +210,5 @@ async def test_gateway_replicas_without_a_shared_store_are_degraded(operator: Op
     degraded = next(c for c in bad["status"]["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
     assert "needs a shared rate-limit store" in degraded["message"]
+    assert "needs a shared state store" in degraded["message"]
     assert await operator.kube.get("Deployment", NAMESPACE, "unshared-gateway") is None

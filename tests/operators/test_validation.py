@@ -53,6 +53,10 @@ SCHEMA_CASES = {
     "API key secret without a name":
         edit(lambda s: s.update(gateway={"apiKeysSecretRef": {"key": "k"}})),
     "gateway port below 1024": edit(lambda s: s.update(gateway={"port": 80})),
+    "state volume with an empty claim name":
+        edit(lambda s: s.update(gateway={"stateStoreVolume": {"claimName": ""}})),
+    "state volume size not a quantity":
+        edit(lambda s: s.update(gateway={"stateStoreVolume": {"sizeLimit": "lots"}})),
     "toleration with a bad operator": edit(
         lambda s: s["pools"]["decode"].update(tolerations=[{"key": "gpu", "operator": "Matches"}])),
     "tensor parallelism beyond 64 ranks":
@@ -101,12 +105,17 @@ RULE_CASES = {
     "engine arg the operator owns (tensor parallelism)":
         (edit(lambda s: s["pools"]["decode"].update(engineArgs={"tensor-parallel-size": "8"})),
          "engineArgs must not set flags the operator owns"),
-    "gateway replicas without a shared rate-limit store":
-        (edit(lambda s: s.update(gateway={"replicas": 2})),
-         "more than one gateway replica needs a shared rate-limit store"),
     "gateway replicas sharing only a state store":
         (edit(lambda s: s.update(gateway={"replicas": 3, "stateStoreSecretRef": {"name": "pg"}})),
          "more than one gateway replica needs a shared rate-limit store"),
+    "gateway replicas sharing only a rate-limit store":
+        (edit(lambda s: s.update(gateway={"replicas": 3,
+                                          "rateLimitStoreSecretRef": {"name": "redis"}})),
+         "more than one gateway replica needs a shared state store"),
+    "two gateway state stores":
+        (edit(lambda s: s.update(gateway={"stateStoreSecretRef": {"name": "pg"},
+                                          "stateStoreVolume": {"claimName": "state"}})),
+         "are two state stores: set one"),
 }
 
 # Placements the rules must let through: within a node, whole nodes, gpus left at 1 or matching.
@@ -148,9 +157,10 @@ def test_placeable_tensor_parallel_pools_pass(name: str) -> None:
     assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body)) == []
 
 
-def test_gateway_replicas_with_a_shared_rate_limit_store_pass() -> None:
+def test_gateway_replicas_with_shared_stores_pass() -> None:
     body = edit(lambda s: s.update(gateway={"replicas": 4,
-                                            "rateLimitStoreSecretRef": {"name": "redis"}}))
+                                            "rateLimitStoreSecretRef": {"name": "redis"},
+                                            "stateStoreSecretRef": {"name": "pg"}}))
     validator().validate(body)
     assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body)) == []
 

@@ -111,14 +111,16 @@ def _worker_stats() -> wpb.WorkerStats:
                            decode_step_ms_per_ktoken=0.25, decode_step_samples=32, decode_rows=8,
                            decode_context_tokens=9000, max_model_len=4096,
                            decode_tokens_per_row_step=2.5,
-                           lora_adapters=["coder", "support-bot"], loaded_loras=["coder"])
+                           lora_adapters=["coder", "support-bot"], loaded_loras=["coder"],
+                           host_load_seconds_per_block=0.5, disk_load_seconds_per_block=2.0)
 
 
 READ = {"worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used",
         "kv_blocks_total", "prefill_tokens_queued", "draining", "block_size", "model",
         "prefill_tokens_per_s", "decode_step_ms_base", "decode_step_ms_per_sequence",
         "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens",
-        "max_model_len", "lora_adapters", "loaded_loras", "decode_tokens_per_row_step"}
+        "max_model_len", "lora_adapters", "loaded_loras", "host_load_seconds_per_block",
+        "disk_load_seconds_per_block", "decode_tokens_per_row_step"}
 # WorkerStats fields the router has no use for (the worker's own dashboards read them).
 NOT_READ = {"recent_step_ms", "num_leases"}
 
@@ -136,6 +138,7 @@ def test_a_load_report_keeps_every_field_the_router_reads() -> None:
             report.max_model_len) == (2048.0, 8, 9000, 4096)
     assert report.decode_cost == DecodeCostFit(0.01, 0.0005, 0.25e-6, 32, 2.5)
     assert (report.lora_adapters, report.loaded_loras) == ({"coder", "support-bot"}, {"coder"})
+    assert (report.host_load_seconds_per_block, report.disk_load_seconds_per_block) == (0.5, 2.0)
     # a field added to WorkerStats is either read above or named as not the router's
     assert set(wpb.WorkerStats.DESCRIPTOR.fields_by_name) == READ | NOT_READ
 
@@ -154,7 +157,8 @@ def test_kv_events_and_snapshots_arrive_typed() -> None:
         wpb.KVEvent(sequence=2, kind=wpb.KVEvent.KIND_CLEARED)])
     assert kv_events_from_proto(batch) == KVEventBatch(
         "w", (KVEvent(1, EventKind.STORED, (11, 12)), KVEvent(2, EventKind.CLEARED, ())), gap=True)
-    snapshot = wpb.KVSnapshot(worker_id="w", sequence=7, block_hashes=[1, 2], block_size=16)
-    assert kv_snapshot_from_proto(snapshot) == KVSnapshot("w", 7, (1, 2))
+    snapshot = wpb.KVSnapshot(worker_id="w", sequence=7, block_hashes=[1, 2], block_size=16,
+                              host_block_hashes=[3], disk_block_hashes=[4, 5])
+    assert kv_snapshot_from_proto(snapshot) == KVSnapshot("w", 7, (1, 2), (3,), (4, 5))
     with pytest.raises(ValueError):
         kv_events_from_proto(wpb.KVEventBatch(events=[wpb.KVEvent(sequence=1)]))

@@ -47,9 +47,11 @@ def _usage(record_id: str, tenant: str, updated_at: float) -> dict:
 
 
 def test_gateways_starting_together_migrate_once(url):
+    """Each store its own connections, as gateway replicas have: on PostgreSQL they wait on one
+    advisory lock (without it this test was seen to hang: the timeout makes that a failure)."""
     async def run() -> None:
         stores = [StateStore(url) for _ in range(3)]
-        await asyncio.gather(*(s.ready() for s in stores))
+        await asyncio.wait_for(asyncio.gather(*(s.ready() for s in stores)), timeout=120)
         await insert_response(stores[0], "t", _response("resp_a"), None)
         assert (await get_response(stores[2], "t", "resp_a")).body["id"] == "resp_a"
         for store in stores:

@@ -13,10 +13,19 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_PREFILL: _ClassVar[Role]
     ROLE_DECODE: _ClassVar[Role]
     ROLE_MIXED: _ClassVar[Role]
+
+class KVMedium(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_MEDIUM_DEVICE: _ClassVar[KVMedium]
+    KV_MEDIUM_HOST: _ClassVar[KVMedium]
+    KV_MEDIUM_DISK: _ClassVar[KVMedium]
 ROLE_UNSPECIFIED: Role
 ROLE_PREFILL: Role
 ROLE_DECODE: Role
 ROLE_MIXED: Role
+KV_MEDIUM_DEVICE: KVMedium
+KV_MEDIUM_HOST: KVMedium
+KV_MEDIUM_DISK: KVMedium
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "logprobs", "skip_special_tokens", "structured_output", "logit_bias", "prompt_logprobs")
@@ -297,7 +306,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens", "lora_adapters", "loaded_loras", "decode_tokens_per_row_step")
+    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens", "lora_adapters", "loaded_loras", "host_load_seconds_per_block", "disk_load_seconds_per_block", "decode_tokens_per_row_step")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +330,8 @@ class WorkerStats(_message.Message):
     DECODE_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     LOADED_LORAS_FIELD_NUMBER: _ClassVar[int]
+    HOST_LOAD_SECONDS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    DISK_LOAD_SECONDS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_PER_ROW_STEP_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: Role
@@ -345,8 +356,10 @@ class WorkerStats(_message.Message):
     decode_context_tokens: int
     lora_adapters: _containers.RepeatedScalarFieldContainer[str]
     loaded_loras: _containers.RepeatedScalarFieldContainer[str]
+    host_load_seconds_per_block: float
+    disk_load_seconds_per_block: float
     decode_tokens_per_row_step: float
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ..., decode_tokens_per_row_step: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ..., host_load_seconds_per_block: _Optional[float] = ..., disk_load_seconds_per_block: _Optional[float] = ..., decode_tokens_per_row_step: _Optional[float] = ...) -> None: ...
 
 class StreamKVEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)
@@ -355,7 +368,7 @@ class StreamKVEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
 
 class KVEvent(_message.Message):
-    __slots__ = ("sequence", "kind", "block_hashes")
+    __slots__ = ("sequence", "kind", "block_hashes", "medium")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[KVEvent.Kind]
@@ -369,10 +382,12 @@ class KVEvent(_message.Message):
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: KVEvent.Kind
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[KVEvent.Kind, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    medium: KVMedium
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[KVEvent.Kind, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., medium: _Optional[_Union[KVMedium, str]] = ...) -> None: ...
 
 class KVEventBatch(_message.Message):
     __slots__ = ("worker_id", "events", "gap")
@@ -389,13 +404,17 @@ class GetKVSnapshotRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class KVSnapshot(_message.Message):
-    __slots__ = ("worker_id", "sequence", "block_hashes", "block_size")
+    __slots__ = ("worker_id", "sequence", "block_hashes", "block_size", "host_block_hashes", "disk_block_hashes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     sequence: int
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     block_size: int
-    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ...) -> None: ...
+    host_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    disk_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., host_block_hashes: _Optional[_Iterable[int]] = ..., disk_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...

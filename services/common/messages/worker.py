@@ -34,6 +34,9 @@ class LoadReport:
     prefill_tokens_per_s: float = 0.0  # measured; 0 before a measurement
     lora_adapters: frozenset[str] = frozenset()  # LoRA adapters served
     loaded_loras: frozenset[str] = frozenset()  # of those, in a device slot now
+    # measured seconds to load one block from the worker's KV tiers; 0: off or not measured
+    host_load_seconds_per_block: float = 0.0
+    disk_load_seconds_per_block: float = 0.0
 
 
 class EventKind(enum.IntEnum):
@@ -43,11 +46,19 @@ class EventKind(enum.IntEnum):
     CLEARED = 3
 
 
+class Medium(enum.IntEnum):
+    """Where a block is (vLLM's events: "GPU", "CPU", "DISK"); numbered as baton.v1.KVMedium."""
+    DEVICE = 0
+    HOST = 1
+    DISK = 2
+
+
 @dataclass(frozen=True)
 class KVEvent:
     sequence: int
     kind: EventKind
     block_hashes: tuple[int, ...]
+    medium: Medium = Medium.DEVICE
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,10 @@ class KVEventBatch:
 
 @dataclass(frozen=True)
 class KVSnapshot:
-    """Every block a worker's prefix cache holds; its events resume after `sequence`."""
+    """Every block a worker's prefix cache holds (and its KV tiers); its events resume after
+    `sequence`."""
     worker_id: str
     sequence: int
     block_hashes: tuple[int, ...]
+    host_block_hashes: tuple[int, ...] = ()
+    disk_block_hashes: tuple[int, ...] = ()

@@ -10,7 +10,7 @@ from baton.services.common.limits import MAX_PROMPT_TOKENS
 from baton.services.common.messages.router import (ModelStats, Placement, PlaceRequest, PoolStats,
                                                    Release, RouterStats)
 from baton.services.common.messages.worker import (EventKind, KVEvent, KVEventBatch, KVSnapshot,
-                                                   LoadReport)
+                                                   LoadReport, Medium)
 from baton.services.common.roles import Role
 from baton.v1 import router_pb2 as rpb
 from baton.v1 import worker_pb2 as wpb
@@ -147,15 +147,18 @@ def load_report_from_proto(stats: wpb.WorkerStats) -> LoadReport:
                       block_size=stats.block_size,
                       prefill_tokens_per_s=stats.prefill_tokens_per_s,
                       lora_adapters=frozenset(stats.lora_adapters),
-                      loaded_loras=frozenset(stats.loaded_loras))
+                      loaded_loras=frozenset(stats.loaded_loras),
+                      host_load_seconds_per_block=stats.host_load_seconds_per_block,
+                      disk_load_seconds_per_block=stats.disk_load_seconds_per_block)
 
 
 def kv_events_from_proto(batch: wpb.KVEventBatch) -> KVEventBatch:
-    """ValueError for an event of a kind this router does not know."""
-    events = tuple(KVEvent(e.sequence, EventKind(e.kind), tuple(e.block_hashes))
+    """ValueError for an event of a kind or medium this router does not know."""
+    events = tuple(KVEvent(e.sequence, EventKind(e.kind), tuple(e.block_hashes), Medium(e.medium))
                    for e in batch.events)
     return KVEventBatch(batch.worker_id, events, batch.gap)
 
 
 def kv_snapshot_from_proto(snapshot: wpb.KVSnapshot) -> KVSnapshot:
-    return KVSnapshot(snapshot.worker_id, snapshot.sequence, tuple(snapshot.block_hashes))
+    return KVSnapshot(snapshot.worker_id, snapshot.sequence, tuple(snapshot.block_hashes),
+                      tuple(snapshot.host_block_hashes), tuple(snapshot.disk_block_hashes))

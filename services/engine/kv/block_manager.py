@@ -18,6 +18,8 @@ from baton.services.engine.sequence import Sequence
 
 
 BlockEvent = tuple[Literal["stored", "removed"], int]  # (what happened, block hash)
+Medium = Literal["device", "host", "disk"]  # where a block is: the device cache or a KV tier
+MediumEvent = tuple[Literal["stored", "removed"], int, Medium]  # a BlockEvent and where
 
 
 class Offload(Protocol):

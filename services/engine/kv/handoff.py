@@ -21,6 +21,10 @@ Decode worker:
        v                               land (release_parked after the quarantine). The request is
     recomputed or failed               then recomputed under its own id, or failed, by policy.
 
+A reservation whose prompt blocks continue from the decode worker's device prefix cache into its
+own host or disk tier first loads those (still RESERVED, tiers/handoff_loads.py); the pull then
+reads only the blocks after them.
+
 HELD, RESERVED (PULLING is RESERVED while the worker reads) and PARKED are HandoffState; PREFILLING,
 RUNNING and FINISHED are the Scheduler's.
 """
@@ -29,8 +33,18 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from baton.services.engine.sequence import Sequence
+
+
+class Reservation(NamedTuple):
+    """The decode side's blocks for a prompt computed elsewhere: the first `cached` hold it already
+    (the device prefix cache's), the `loading` after them are being copied in from its own KV tiers
+    (LLMEngine.prefilled_loaded says when they have landed); the rest are to pull."""
+    block_ids: list[int]
+    cached: int
+    loading: int = 0
 
 
 @dataclass(frozen=True)

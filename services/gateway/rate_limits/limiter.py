@@ -4,7 +4,8 @@ A shared store can fail (Redis restarting, a network partition). Failing open ad
 unlimited while it is down, keeping the service up; failing closed refuses them with 503, keeping
 the limits. Either way each decision is counted (baton_gateway_rate_limit_store_errors_total) and
 the outage is logged once when it starts and once when it ends. After an error the store is left
-alone for a second, so an unreachable host does not add its timeout to every request."""
+alone for a while (--rate-limit-store-retry-after-s), so an unreachable host does not add its
+timeout to every request."""
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,6 @@ from baton.services.gateway.rate_limits.redis_store import RedisStore
 from baton.services.gateway.rate_limits.store import BucketStore, RateLimited
 
 log = logging.getLogger(__name__)
-PAUSE_AFTER_ERROR_S = 1.0
 # What a store may raise when it cannot answer (the in-process one never does).
 STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 T = TypeVar("T")
@@ -50,8 +50,7 @@ class Reservation:
 
 class RateLimiter:
     def __init__(self, store: BucketStore, metrics: GatewayMetrics, fail_open: bool = True,
-                 describe: str = "in-process",
-                 pause_after_error_s: float = PAUSE_AFTER_ERROR_S) -> None:
+                 describe: str = "in-process", pause_after_error_s: float = 1.0) -> None:
         self.store, self.metrics, self.fail_open = store, metrics, fail_open
         self.describe, self.pause_after_error_s = describe, pause_after_error_s
         self._down_since: float | None = None
@@ -71,7 +70,7 @@ class RateLimiter:
                 self._failed(e, "admitted" if self.fail_open else "refused")
                 if not self.fail_open:
                     raise RateLimited("the rate-limit store is unavailable; retry shortly",
-                                      PAUSE_AFTER_ERROR_S, 503,
+                                      self.pause_after_error_s, 503,
                                       "rate_limit_store_unavailable") from None
                 charged = False
             else:
@@ -133,4 +132,5 @@ def build_limiter(config: GatewayConfig, metrics: GatewayMetrics) -> RateLimiter
                f"{where.path}"
     store = RedisStore(config.rate_limit_store, config.rate_limit_key_prefix,
                        config.rate_limit_store_timeout_s)
-    return RateLimiter(store, metrics, config.rate_limit_fail == "open", describe)
+    return RateLimiter(store, metrics, config.rate_limit_fail == "open", describe,
+                       config.rate_limit_store_retry_after_s)

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 @dataclass
 class SchedulingRequest:
     """One placement question. `cached_blocks` maps worker id -> leading prompt blocks that worker
-    holds (from the prefix index); `now` is read once per decision so every plugin judges staleness
-    against the same instant."""
+    holds in its device cache (from the prefix index); `tier_blocks` what the blocks continuing
+    that run in its KV tiers are worth, in device-cached blocks (tier_value.py); `now` is read once
+    per decision so every plugin judges staleness against the same instant."""
     request_id: str
     prompt_tokens: int
     block_size: int
@@ -26,6 +27,7 @@ class SchedulingRequest:
     # where the request's affinity key (prompt_cache_key) last went (services/router/affinity_keys)
     affinity_workers: frozenset[str] = frozenset()
     lora_name: str | None = None  # the request's LoRA adapter; None: the base model
+    tier_blocks: dict[str, float] = field(default_factory=dict)
 
     def cached_tokens(self, worker_id: str) -> int:
         return min(self.prompt_tokens, self.cached_blocks.get(worker_id, 0) * self.block_size)
@@ -33,6 +35,17 @@ class SchedulingRequest:
     def uncached_tokens(self, worker_id: str) -> int:
         """Prompt tokens the worker would have to compute itself."""
         return self.prompt_tokens - self.cached_tokens(worker_id)
+
+    def prefill_work_tokens(self, worker_id: str) -> float:
+        """The prefill work the prompt costs the worker, in prompt tokens: its uncached tokens, less
+        what its KV tiers save (a tier block loads for part of a computed block's cost). The
+        device blocks it needs are still uncached_tokens'."""
+        saved = self.tier_blocks.get(worker_id, 0.0) * self.block_size
+        return max(0.0, self.uncached_tokens(worker_id) - saved)
+
+    def warm_tokens(self, worker_id: str) -> float:
+        """Prompt tokens the worker need not compute: its cached ones and its tier blocks' worth."""
+        return self.prompt_tokens - self.prefill_work_tokens(worker_id)
 
 
 class Filter(abc.ABC):

@@ -70,13 +70,14 @@ class Picker:
                 and not worker.is_saturated(request.now, self.limits))
 
     def _keeps_affinity(self, request: SchedulingRequest, worker: WorkerState) -> bool:
-        cached = request.cached_tokens(worker.worker_id)
+        cached = request.warm_tokens(worker.worker_id)
         return (cached > 0 and cached >= self.sticky.min_cached_fraction * request.prompt_tokens
                 and self._below_sticky(request, worker))
 
     def _warm(self, request: SchedulingRequest, candidates: list[WorkerState]) -> list[WorkerState]:
         """The workers a scorer pins the request to (its affinity key's), else those with the
-        longest meaningful cached prefix; either only while below the sticky threshold."""
+        longest meaningful cached prefix (a KV tier's blocks counted at their worth); either only
+        while below the sticky threshold."""
         pinned = [w for w in candidates if any(s.pins(request, w) for s in self.scorers)
                   and self._below_sticky(request, w)]
         if pinned:
@@ -84,8 +85,8 @@ class Picker:
         eligible = [w for w in candidates if self._keeps_affinity(request, w)]
         if not eligible:
             return []
-        best = max(request.cached_tokens(w.worker_id) for w in eligible)
-        return [w for w in eligible if request.cached_tokens(w.worker_id) == best]
+        best = max(request.warm_tokens(w.worker_id) for w in eligible)
+        return [w for w in eligible if request.warm_tokens(w.worker_id) == best]
 
     def pick(self, request: SchedulingRequest, workers: Sequence[WorkerState]) -> Pick | None:
         candidates = self.candidates(request, workers)

@@ -15,14 +15,16 @@ if TYPE_CHECKING:
 
 @register_scorer
 class PrefixOverlapScorer(Scorer):
-    """Share of the prompt the worker already holds: 1 - uncached prompt tokens / prompt tokens."""
+    """Share of the prompt the worker already holds: 1 - its prefill work / prompt tokens, where a
+    block in its KV tiers counts as part of a cached one by measured load cost (tier_value.py), so
+    a host hit scores below a device hit and above a miss."""
     name = "prefix_overlap"
     affinity = True
 
     def score(self, request: SchedulingRequest, worker: WorkerState) -> float:
         if request.prompt_tokens == 0:
             return 1.0
-        return 1.0 - request.uncached_tokens(worker.worker_id) / request.prompt_tokens
+        return 1.0 - request.prefill_work_tokens(worker.worker_id) / request.prompt_tokens
 
 
 @register_scorer

@@ -86,6 +86,8 @@ class CopyWorker(threading.Thread):
                 if got is None:
                     continue
                 slot, old = got
+                if old is not None:
+                    tiers.record("removed", old, "host")
                 if old is not None and tiers.disk is not None:
                     evicted.append((old, host.pool[slot].numpy().tobytes()))
                 plan.append((s, slot))
@@ -109,6 +111,7 @@ class CopyWorker(threading.Thread):
         with tiers.lock:
             for s, slot in plan:
                 tiers.host.put(s.block_hash, slot)
+                tiers.record("stored", s.block_hash, "host")
             for s in stores:
                 tiers.storing.pop(s.block, None)
                 tiers.storing_hashes.discard(s.block_hash)

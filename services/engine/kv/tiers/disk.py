@@ -16,6 +16,7 @@ import logging
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from baton.services.engine.kv.tiers.stats import TierStats
@@ -49,8 +50,12 @@ def decode(block_hash: int, data: bytes, block_bytes: int) -> bytes | None:
 class DiskTier:
 
     def __init__(self, directory: str | Path, capacity_bytes: int, block_bytes: int,
-                 stats: TierStats) -> None:
+                 stats: TierStats,
+                 record: Callable[[str, int, str], None] = lambda *_: None) -> None:
+        """record(kind, block hash, "disk"): told of each block that enters or leaves the tier
+        after its start (the files found then are in its index)."""
         self.dir = Path(directory)
+        self.record = record
         self.dir.mkdir(parents=True, exist_ok=True)
         self.block_bytes = block_bytes
         self.file_bytes = HEADER.size + block_bytes
@@ -100,6 +105,7 @@ class DiskTier:
     def _evict(self) -> None:
         block_hash, _ = self.index.popitem(last=False)
         self._path(block_hash).unlink(missing_ok=True)
+        self.record("removed", block_hash, "disk")
 
     def write(self, block_hash: int, payload: bytes) -> bool:
         """Stores a block; False when nothing was written: the tier holds it already, no longer
@@ -125,6 +131,7 @@ class DiskTier:
                       "serving goes on", self.dir, e)
             return False
         self.index[block_hash] = None
+        self.record("stored", block_hash, "disk")
         return True
 
     def read(self, block_hash: int) -> bytes | None:
@@ -137,10 +144,12 @@ class DiskTier:
             data = path.read_bytes()
         except OSError:
             del self.index[block_hash]
+            self.record("removed", block_hash, "disk")
             return None
         payload = decode(block_hash, data, self.block_bytes)
         if payload is None:
             del self.index[block_hash]
+            self.record("removed", block_hash, "disk")
             path.unlink(missing_ok=True)
             self.stats.checksum_failures += 1
             log.warning("KV disk tier: %s failed its checksum; deleted, treated as a miss", path)

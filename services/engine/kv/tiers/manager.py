@@ -12,6 +12,7 @@ import threading
 
 import torch
 
+from baton.services.engine.kv.block_manager import Medium, MediumEvent
 from baton.services.engine.kv.layout import byte_view
 from baton.services.engine.kv.tiers.copier import CopyWorker
 from baton.services.engine.kv.tiers.disk import DiskTier
@@ -33,15 +34,55 @@ class TierManager:
         block_bytes = layers * nbytes
         self.host = HostTier(int(host_gib * GIB) // block_bytes, layers, nbytes,
                              pin=kv_cache.is_cuda)
+        self.lock = threading.Condition()  # reentrant: the disk tier records under it too
+        # With record_events (a worker whose router mirrors its cache), each block that enters or
+        # leaves a tier is logged here, under the lock, for the engine to drain with its own.
+        self.record_events = False
+        self.events: list[MediumEvent] = []
         self.disk = None if disk_dir is None else DiskTier(disk_dir, int(disk_gib * GIB),
-                                                           block_bytes, self.stats["disk"])
-        self.lock = threading.Condition()
+                                                           block_bytes, self.stats["disk"],
+                                                           self.record)
         self.storing: dict[int, int] = {}  # device block -> hash, copy to host queued or running
         self.storing_hashes: set[int] = set()
         self.finished: list[Load] = []
         self.jobs: queue.SimpleQueue[Store | Load | Flush | None] = queue.SimpleQueue()
         self.worker = CopyWorker(self)
         self.worker.start()
+
+    def record(self, kind: str, block_hash: int, medium: Medium) -> None:
+        """A block entered ("stored") or left ("removed") a tier."""
+        if self.record_events:
+            with self.lock:
+                self.events.append((kind, block_hash, medium))
+
+    def drain_events(self) -> list[MediumEvent]:
+        with self.lock:
+            events, self.events = self.events, []
+        return events
+
+    def block_hashes(self) -> dict[Medium, list[int]]:
+        """Every block hash each tier holds now."""
+        with self.lock:
+            host = list(self.host.index)
+        return {"host": host, "disk": [] if self.disk is None else self._disk_hashes()}
+
+    def _disk_hashes(self) -> list[int]:
+        """The copy worker adds files outside the lock (disk writes must not stall lookups), so a
+        read racing one is retried."""
+        while True:
+            try:
+                return list(self.disk.index)
+            except RuntimeError:  # the index changed while it was read
+                continue
+
+    def load_seconds_per_block(self) -> dict[Medium, float]:
+        """Measured cost of loading one block from each tier: its loads' mean, or before any, its
+        stores' (the same bytes the other way); 0 when nothing was measured."""
+        out: dict[Medium, float] = {}
+        for tier, s in self.stats.items():
+            out[tier] = (s.seconds_loaded / s.blocks_loaded if s.blocks_loaded else
+                         s.seconds_stored / s.blocks_stored if s.blocks_stored else 0.0)
+        return out
 
     # -- the block manager's hooks
 
