@@ -9,6 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from baton.loadtest.bench.copy_model import cached_copy_model
 from baton.loadtest.bench.spec import FIRST_TOKEN, WORKLOADS, format_rows, measure, row_dict
 from baton.loadtest.bench.throughput import machine_info
 from baton.services.common.sampling_params import SamplingParams
@@ -28,8 +29,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
         description="Runs the same greedy requests with and without speculative decoding, "
                     "alternating, at each batch size on each workload, and prints TPOT and "
                     "tokens/s side by side with the acceptance rate. A random-weight model never "
-                    "repeats its prompt: give one that copies (python -m "
-                    "baton.loadtest.bench.copy_model DIR makes a small one).")
+                    "repeats its prompt, so without --model the bench runs a tiny Llama trained "
+                    "to copy (baton.loadtest.bench.copy_model: trained on first use, a few "
+                    "minutes on a CPU, then cached in the temp dir).")
     parser.add_argument("--batch-sizes", default="1,8,64", help="comma-separated [default: 1,8,64]")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS)} [default: all]")
@@ -47,6 +49,8 @@ def register(kinds: argparse._SubParsersAction) -> None:
 
 def _engines(args: argparse.Namespace, batches: list[int]) -> tuple[LLMEngine, LLMEngine]:
     config = settings_from_args(EngineConfig, args)
+    if config.model is None:
+        config = config.model_copy(update={"model": str(cached_copy_model())})
     per_seq = -(-(args.prompt_len + args.output_len + 32) // config.block_size)
     config = config.model_copy(update={
         "max_num_seqs": max(max(batches), config.max_num_seqs),

@@ -403,7 +403,9 @@ class LLMEngine:
             tokens, logprobs = sample(logits, seqs, self.generator, self.eos_ids, masks)
             # One accepted token per sequence: the sampler draws one per row.
             accepted, accepted_lps = [[t] for t in tokens], [[lp] for lp in logprobs]
-        self._record_step(scheduled, prompt_counts, prompt_tokens, time.perf_counter() - started)
+        emitted = {id(seq): len(tokens) for seq, tokens in zip(seqs, accepted)}
+        self._record_step(scheduled, prompt_counts, prompt_tokens, time.perf_counter() - started,
+                          emitted)
         if self.lora is not None:
             for item, count in zip(scheduled, prompt_counts):
                 self.lora.count_tokens(item.seq.lora_name, count, 0)
@@ -425,14 +427,16 @@ class LLMEngine:
         return outputs
 
     def _record_step(self, scheduled: list[ScheduledSeq], prompt_counts: list[int],
-                     prompt_tokens: int, seconds: float) -> None:
-        """The step's time, for the prefill rate and the decode cost fit the router reads."""
+                     prompt_tokens: int, seconds: float, emitted: dict[int, int]) -> None:
+        """The step's time, for the prefill rate and the decode cost fit the router reads;
+        emitted: tokens each sequence (by id) got, more than one where drafts were accepted."""
         self.counters.recent_step_seconds.append(seconds)
         if prompt_tokens:
             self.counters.recent_prefill_steps.append((prompt_tokens, seconds))
         decode = [s for s, n in zip(scheduled, prompt_counts) if n == 0]
         self.counters.decode_cost.record(len(decode),
-                                         sum(s.seq.num_computed_tokens for s in decode), seconds)
+                                         sum(s.seq.num_computed_tokens for s in decode), seconds,
+                                         sum(emitted.get(id(s.seq), 1) for s in decode))
 
     def generate(self, prompts: list[list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:

@@ -13,13 +13,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from baton.services.engine.kv.tiers.metrics import tier_metrics
+from baton.services.engine.speculation.stats import SpecDecodeStats
 
 if TYPE_CHECKING:
     from baton.services.engine.llm_engine import LLMEngine
-    from baton.services.engine.speculation.stats import SpecDecodeStats
 
 
-def _spec_decode(stats: "SpecDecodeStats", label: dict[str, str]) -> Iterator[Metric]:
+def _spec_decode(stats: SpecDecodeStats, label: dict[str, str]) -> Iterator[Metric]:
     """vLLM's vllm:spec_decode_* counters; the acceptance rate is accepted over draft tokens."""
     names = list(label)
     for name, doc, value in (
@@ -72,8 +72,9 @@ class EngineCollector(Collector):
                       counters.prompt_tokens_computed)
         yield counter("baton_generation_tokens", "Tokens generated", counters.generation_tokens)
         yield counter("baton_engine_steps", "Engine steps (forward passes) run", counters.steps)
-        if e.speculator is not None:
-            yield from _spec_decode(e.speculator.stats, label)
+        # Zeros when speculation is off, so that dashboards read one set of series everywhere.
+        yield from _spec_decode(
+            SpecDecodeStats() if e.speculator is None else e.speculator.stats, label)
         yield gauge("baton_num_requests_running", "Requests in the running batch",
                     len(sched.running))
         yield gauge("baton_num_requests_waiting", "Requests waiting to be scheduled",

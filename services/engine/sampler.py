@@ -10,30 +10,32 @@ from __future__ import annotations
 import torch
 
 from baton.services.common.outputs import TokenLogprobs
+from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.structured.masks import BatchMasks
 
 
+def penalize_row(row: torch.Tensor, params: SamplingParams, token_ids: list[int],
+                 output_ids: list[int]) -> None:
+    """One row's repetition penalty (over prompt and output) and frequency and presence penalties
+    (over the output), in place; token_ids and output_ids are what precede the scored position."""
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(row.shape[0], dtype=torch.bool, device=row.device)
+        seen[torch.tensor(token_ids, device=row.device)] = True
+        penalized = torch.where(row > 0, row / params.repetition_penalty,
+                                row * params.repetition_penalty)
+        row.copy_(torch.where(seen, penalized, row))
+    if (params.frequency_penalty or params.presence_penalty) and output_ids:
+        counts = torch.bincount(torch.tensor(output_ids, device=row.device),
+                                minlength=row.shape[0]).to(row.dtype)
+        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
+            row.dtype)
+
+
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    vocab = logits.shape[1]
     for row, seq in enumerate(seqs):
-        p = seq.params
-        if not p.has_penalties:
-            continue
-        if p.repetition_penalty != 1.0:
-            seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
-            seen[torch.tensor(seq.token_ids, device=logits.device)] = True
-            values = logits[row]
-            penalized = torch.where(values > 0, values / p.repetition_penalty,
-                                    values * p.repetition_penalty)
-            logits[row] = torch.where(seen, penalized, values)
-        if p.frequency_penalty or p.presence_penalty:
-            out = seq.output_token_ids
-            if out:
-                counts = torch.bincount(torch.tensor(out, device=logits.device),
-                                        minlength=vocab).to(logits.dtype)
-                logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(
-                    logits.dtype)
+        if seq.params.has_penalties:
+            penalize_row(logits[row], seq.params, seq.token_ids, seq.output_token_ids)
 
 
 def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -1,7 +1,8 @@
 """Predicts the time per output token a request would see on a decode worker, from the worker's own
 fit of its decode step time against batch rows and context tokens
 (baton.services.common.decode_cost), applied to the batch it reported plus this router's placements
-it has not reported yet, plus the new request.
+it has not reported yet, plus the new request, over the tokens a row gets per step (more than one
+where speculative decoding's drafts are accepted).
 
 A request's TPOT is the mean of the steps it waits through, and its context grows while it runs, so
 the new row is counted with its prompt and half its output. The batch's other rows grow too, which
@@ -20,7 +21,7 @@ def predict_tpot_s(worker: WorkerState, prompt_tokens: int, max_tokens: int) -> 
     if cost is None:
         return None
     rows, context = worker.decode_batch()
-    return cost.step_s(rows + 1, context + prompt_tokens + max_tokens // 2)
+    return cost.tpot_s(rows + 1, context + prompt_tokens + max_tokens // 2)
 
 
 def decode_join_wait_s(worker: WorkerState, step_s: float | None) -> float:

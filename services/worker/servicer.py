@@ -194,7 +194,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         decode = {} if fit is None else dict(decode_step_ms_base=fit.base_s *
                                              1e3, decode_step_ms_per_sequence=fit.per_sequence_s *
                                              1e3, decode_step_ms_per_ktoken=fit.per_token_s *
-                                             1e6, decode_step_samples=fit.samples)
+                                             1e6, decode_step_samples=fit.samples,
+                                             decode_tokens_per_row_step=fit.tokens_per_row_step)
         return pb.WorkerStats(
             decode_rows=s.decode_rows, decode_context_tokens=s.decode_context_tokens, **decode,
             worker_id=self.worker_id, role=Role.of(self.config.role),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from baton.loadtest.bench.copy_model import repeat_batch, train_copy_model
+from baton.loadtest.bench.copy_model import IGNORE, Recipe, cached_copy_model, repeat_batch
 from baton.loadtest.bench.spec import prompts
 from baton.loadtest.commands import bench
 from baton.services.common.sampling_params import SamplingParams
@@ -48,12 +48,21 @@ def test_workloads_repeat_or_not():
     assert all(len(p) == 60 for p in repeat + random)
     assert all(len(set(p)) <= 24 for p in repeat)
     assert all(len(set(p)) > 40 for p in random)
-    rows = repeat_batch(3, 32, 512, torch.Generator().manual_seed(0))
-    assert rows.shape == (3, 32) and all(len(set(r.tolist())) < 16 for r in rows)
+    rows, labels = repeat_batch(3, 80, 512, torch.Generator().manual_seed(0))
+    assert rows.shape == labels.shape == (3, 80)
+    for row, label in zip(rows.tolist(), labels.tolist()):
+        span = label.count(IGNORE)
+        assert 8 <= span <= 32 and label[:span] == [IGNORE] * span and label[span:] == row[span:]
+        assert row[span:] == (row[:span] * 80)[:80 - span]
 
 
-def test_copy_model_trainer_writes_a_checkpoint_the_engine_serves(tmp_path):
-    model = train_copy_model(tmp_path / "copy", steps=2, batch=2, length=32)
+def test_copy_model_is_trained_once_into_a_checkpoint_the_engine_serves(tmp_path):
+    recipe = Recipe(max_steps=2, batch=2, length=32)
+    model = cached_copy_model(recipe, tmp_path)
+    weights = (model / "model.safetensors").stat().st_mtime_ns
+    assert cached_copy_model(recipe, tmp_path) == model
+    assert (model / "model.safetensors").stat().st_mtime_ns == weights
+    assert [p.name for p in tmp_path.iterdir()] == [model.name]  # no scratch folder left
     engine = LLMEngine(EngineConfig(model=str(model), num_kv_blocks=16))
     out = engine.generate([[400, 401, 402]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0].token_ids) == 3

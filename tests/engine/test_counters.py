@@ -46,6 +46,19 @@ def test_decode_cost_fit_recovers_a_linear_cost_and_falls_back_when_it_cannot():
         0.1 / 15)
 
 
+def test_tokens_per_row_step_turn_the_step_cost_into_tpot():
+    model = DecodeCostModel()
+    for rows in (1, 2, 3, 4):  # speculation: three tokens a row a step
+        model.record(rows, rows * 10, 0.01 * rows, tokens=3 * rows)
+    fit = model.fit()
+    assert fit.tokens_per_row_step == pytest.approx(3.0)
+    assert fit.tpot_s(2, 20) == pytest.approx(fit.step_s(2, 20) / 3)
+    plain = DecodeCostModel()
+    for rows in (1, 2, 3, 4):
+        plain.record(rows, rows * 10, 0.01 * rows)
+    assert plain.fit().tokens_per_row_step == 1.0
+
+
 def test_engine_records_decode_steps_with_their_batch(tiny_model_dirs):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["llama"]), engine="sim"),
                        sim_runner=SimulatedRunner)
@@ -54,5 +67,6 @@ def test_engine_records_decode_steps_with_their_batch(tiny_model_dirs):
     samples = list(engine.counters.decode_cost._samples)
     # One prefill step for both prompts, then five steps of two rows; the context grows by one token
     # a row a step.
-    assert [(rows, context) for rows, context, _ in samples] == [(2, 62 + 2 * k) for k in range(5)]
+    assert [(rows, context, tokens) for rows, context, _, tokens in samples] == [
+        (2, 62 + 2 * k, 2) for k in range(5)]
     assert engine.decode_load() == (0, 0)  # all finished

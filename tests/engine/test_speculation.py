@@ -81,6 +81,9 @@ def test_accepted_drafts_keep_outputs_blocks_and_cache(tiny_model_dirs, prompts)
     assert stats.num_drafts > stats.accepted_per_pos[0] > stats.accepted_per_pos[-1]
     assert stats.num_accepted_tokens < stats.num_draft_tokens
     assert engine.counters.steps < base_engine.counters.steps
+    # What the router's TPOT predictor divides the step cost by.
+    assert engine.counters.decode_cost.fit().tokens_per_row_step > 1.0
+    assert base_engine.counters.decode_cost.fit().tokens_per_row_step == 1.0
     # Rejected positions gave their blocks back, and the cache holds the same blocks as without
     # speculation: only accepted tokens were hashed.
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
@@ -121,10 +124,10 @@ def test_batch_size_cutoff_and_ineligible_requests_do_not_speculate(tiny_model_d
     _, engine = run(model, prompts, GREEDY, cutoff, block_size=4)
     # Six requests run together to the end (all greedy, one length): no step has four or fewer.
     assert engine.speculator.stats.num_drafts == 0
-    penalized = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
-                               repetition_penalty=1.3)
-    want, _ = run(model, prompts, penalized, block_size=4)
-    got, engine = run(model, prompts, penalized, NGRAM, block_size=4)
+    scored = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                            prompt_logprobs=1)
+    want, _ = run(model, prompts, scored, block_size=4)
+    got, engine = run(model, prompts, scored, NGRAM, block_size=4)
     assert engine.speculator.stats.num_drafts == 0
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 

@@ -110,6 +110,7 @@ def _worker_stats() -> wpb.WorkerStats:
                            decode_step_ms_base=10.0, decode_step_ms_per_sequence=0.5,
                            decode_step_ms_per_ktoken=0.25, decode_step_samples=32, decode_rows=8,
                            decode_context_tokens=9000, max_model_len=4096,
+                           decode_tokens_per_row_step=2.5,
                            lora_adapters=["coder", "support-bot"], loaded_loras=["coder"],
                            host_load_seconds_per_block=0.5, disk_load_seconds_per_block=2.0)
 
@@ -119,7 +120,7 @@ READ = {"worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", 
         "prefill_tokens_per_s", "decode_step_ms_base", "decode_step_ms_per_sequence",
         "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens",
         "max_model_len", "lora_adapters", "loaded_loras", "host_load_seconds_per_block",
-        "disk_load_seconds_per_block"}
+        "disk_load_seconds_per_block", "decode_tokens_per_row_step"}
 # WorkerStats fields the router has no use for (the worker's own dashboards read them).
 NOT_READ = {"recent_step_ms", "num_leases"}
 
@@ -135,7 +136,7 @@ def test_a_load_report_keeps_every_field_the_router_reads() -> None:
             report.prefill_tokens_queued, report.draining) == (3, 4, 5, 600, 700, True)
     assert (report.prefill_tokens_per_s, report.decode_rows, report.decode_context_tokens,
             report.max_model_len) == (2048.0, 8, 9000, 4096)
-    assert report.decode_cost == DecodeCostFit(0.01, 0.0005, 0.25e-6, 32)
+    assert report.decode_cost == DecodeCostFit(0.01, 0.0005, 0.25e-6, 32, 2.5)
     assert (report.lora_adapters, report.loaded_loras) == ({"coder", "support-bot"}, {"coder"})
     assert (report.host_load_seconds_per_block, report.disk_load_seconds_per_block) == (0.5, 2.0)
     # a field added to WorkerStats is either read above or named as not the router's
@@ -145,6 +146,9 @@ def test_a_load_report_keeps_every_field_the_router_reads() -> None:
 def test_a_worker_without_a_fit_or_a_known_role_reads_as_such() -> None:
     report = load_report_from_proto(wpb.WorkerStats(worker_id="w", role=wpb.ROLE_UNSPECIFIED))
     assert report.decode_cost is None and report.role is None
+    # A fit from a worker that predates decode_tokens_per_row_step: one token a step.
+    older = load_report_from_proto(wpb.WorkerStats(decode_step_samples=5, decode_step_ms_base=2))
+    assert older.decode_cost.tokens_per_row_step == 1.0
 
 
 def test_kv_events_and_snapshots_arrive_typed() -> None:

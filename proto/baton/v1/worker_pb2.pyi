@@ -306,7 +306,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens", "lora_adapters", "loaded_loras", "host_load_seconds_per_block", "disk_load_seconds_per_block")
+    __slots__ = ("worker_id", "role", "timestamp_unix_ms", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens_queued", "recent_step_ms", "num_leases", "draining", "block_size", "model", "prefill_tokens_per_s", "max_model_len", "decode_step_ms_base", "decode_step_ms_per_sequence", "decode_step_ms_per_ktoken", "decode_step_samples", "decode_rows", "decode_context_tokens", "lora_adapters", "loaded_loras", "host_load_seconds_per_block", "disk_load_seconds_per_block", "decode_tokens_per_row_step")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +332,7 @@ class WorkerStats(_message.Message):
     LOADED_LORAS_FIELD_NUMBER: _ClassVar[int]
     HOST_LOAD_SECONDS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     DISK_LOAD_SECONDS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_ROW_STEP_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: Role
     timestamp_unix_ms: int
@@ -357,7 +358,8 @@ class WorkerStats(_message.Message):
     loaded_loras: _containers.RepeatedScalarFieldContainer[str]
     host_load_seconds_per_block: float
     disk_load_seconds_per_block: float
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ..., host_load_seconds_per_block: _Optional[float] = ..., disk_load_seconds_per_block: _Optional[float] = ...) -> None: ...
+    decode_tokens_per_row_step: float
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., timestamp_unix_ms: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., prefill_tokens_queued: _Optional[int] = ..., recent_step_ms: _Optional[_Iterable[float]] = ..., num_leases: _Optional[int] = ..., draining: _Optional[bool] = ..., block_size: _Optional[int] = ..., model: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., max_model_len: _Optional[int] = ..., decode_step_ms_base: _Optional[float] = ..., decode_step_ms_per_sequence: _Optional[float] = ..., decode_step_ms_per_ktoken: _Optional[float] = ..., decode_step_samples: _Optional[int] = ..., decode_rows: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ..., host_load_seconds_per_block: _Optional[float] = ..., disk_load_seconds_per_block: _Optional[float] = ..., decode_tokens_per_row_step: _Optional[float] = ...) -> None: ...
 
 class StreamKVEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

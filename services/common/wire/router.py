@@ -133,7 +133,9 @@ def load_report_from_proto(stats: wpb.WorkerStats) -> LoadReport:
     samples = stats.decode_step_samples
     cost = None if not samples else DecodeCostFit(
         stats.decode_step_ms_base / 1e3, stats.decode_step_ms_per_sequence / 1e3,
-        stats.decode_step_ms_per_ktoken / 1e6, samples)
+        stats.decode_step_ms_per_ktoken / 1e6, samples,
+        # 0 from a worker that predates the field: one token per step
+        stats.decode_tokens_per_row_step or 1.0)
     return LoadReport(timestamp_s=stats.timestamp_unix_ms / 1000.0, num_running=stats.num_running,
                       num_waiting=stats.num_waiting, kv_blocks_used=stats.kv_blocks_used,
                       kv_blocks_total=stats.kv_blocks_total,

@@ -8,9 +8,11 @@ the output processor like any step's tokens; the sequence's computed count cover
 accepted, only blocks full of accepted tokens are hashed into the prefix cache, and the blocks only
 rejected positions reached go back.
 
-A sequence whose next-token distribution depends on the tokens before it in ways this does not
-track (penalties, a grammar, min_tokens still pending, prompt logprobs) or whose seeded stream must
-stay one draw per token decodes without a draft; its output is unchanged either way.
+Every verified row is scored as plain decoding would score that position: penalties count the
+draft tokens before it, logit bias applies to each, and a structured output's row j is masked by its
+grammar after draft[:j] (drafts are cut where the grammar stops allowing them). A sequence with
+min_tokens still pending or prompt logprobs, or whose seeded stream must stay one draw per token,
+decodes without a draft; its output is unchanged either way.
 """
 from __future__ import annotations
 
@@ -18,21 +20,23 @@ import torch
 
 from baton.services.common.outputs import TokenLogprobs
 from baton.services.engine.kv.block_manager import BlockManager
-from baton.services.engine.sampler import apply_logit_bias, filter_probs, sample, token_logprobs
+from baton.services.engine.sampler import (apply_logit_bias, filter_probs, penalize_row, sample,
+                                           token_logprobs)
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import SpeculativeConfig
 from baton.services.engine.speculation.proposer import Proposer
 from baton.services.engine.speculation.rejection import rejection_sample, verify_greedy
 from baton.services.engine.speculation.stats import SpecDecodeStats
+from baton.services.engine.structured.drafts import allowed_prefix, draft_masks
 from baton.services.engine.structured.masks import BatchMasks
 
 
 def may_speculate(seq: Sequence) -> bool:
     """Whether seq may ever decode with a draft (see the module's docstring)."""
     p = seq.params
-    return (seq.grammar is None and not p.has_penalties and not seq.hold_kv
-            and seq.prompt_logprobs is None and (p.greedy or seq.generator is None))
+    return (not seq.hold_kv and seq.prompt_logprobs is None
+            and (p.greedy or seq.generator is None))
 
 
 def speculates(seq: Sequence) -> bool:
@@ -75,10 +79,13 @@ class Speculator:
                 wanted.append((item, room))
                 budget -= room
         for (item, _), draft in zip(wanted, self.proposer.draft(scheduled, wanted)):
-            seq, tokens = item.seq, draft.tokens
+            seq, tokens, probs = item.seq, draft.tokens, draft.probs
+            if tokens and seq.grammar is not None:
+                tokens = allowed_prefix(seq.grammar, tokens)
+                probs = None if probs is None else probs[:len(tokens)]
             if tokens and self.blocks.can_grow(seq, seq.num_tokens + len(tokens)):
                 self.blocks.grow(seq, seq.num_tokens + len(tokens))
-                item.draft, item.draft_probs = tokens, draft.probs
+                item.draft, item.draft_probs = tokens, probs
 
     def verify(self, items: list[ScheduledSeq], logits: torch.Tensor, generator: torch.Generator,
                eos_ids: frozenset[int], masks: BatchMasks | None
@@ -125,9 +132,8 @@ class Speculator:
         seq, draft = item.seq, item.draft
         p = seq.params
         raw = logits.log_softmax(dim=1) if p.logprobs is not None else None
-        logits = logits.clone()
+        logits = self._scored(seq, draft, logits.clone())
         rows = [seq] * logits.shape[0]
-        apply_logit_bias(logits, rows)
         if p.greedy:
             out = verify_greedy(logits.argmax(dim=1).tolist(), draft)
         else:
@@ -137,6 +143,21 @@ class Speculator:
         if raw is None:
             return out, [None] * len(out)
         return out, [token_logprobs(raw[j], out[j], p.logprobs) for j in range(len(out))]
+
+    @staticmethod
+    def _scored(seq: Sequence, draft: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """The rows as the sampler would see each position: penalties over the tokens before it
+        (the draft's included), logit bias, and the grammar's mask there."""
+        p = seq.params
+        if p.has_penalties:
+            output = seq.output_token_ids
+            for j in range(logits.shape[0]):
+                penalize_row(logits[j], p, seq.token_ids + draft[:j], output + draft[:j])
+        apply_logit_bias(logits, [seq] * logits.shape[0])
+        if seq.grammar is not None:
+            allowed = draft_masks(seq.grammar, draft, logits.shape[1]).to(logits.device)
+            logits.masked_fill_(~allowed, float("-inf"))
+        return logits
 
     def release_rejected(self, items: list[ScheduledSeq]) -> None:
         """After the output processor took the accepted tokens: the blocks that only rejected
