@@ -135,14 +135,11 @@ class EngineConfig(BatonSettings):
 
     @model_validator(mode="after")
     def _tensor_parallel_supports(self) -> EngineConfig:
-        # Each of these moves or computes KV or weights on rank 0 alone today; at TP>1 the other
-        # ranks would not follow, so they are refused rather than wrong.
-        if self.tensor_parallel_size > 1:
-            for wanted, what in ((self.speculative_config, "--speculative-config"),
-                                 (self.kv_offload_host_gib > 0, "KV tiers (--kv-offload-*)")):
-                if wanted:
-                    raise ValueError(f"{what} with --tensor-parallel-size > 1 are not supported "
-                                     "yet")
+        # The disk tier's files and evictions are rank 0's alone; the other ranks would not
+        # follow, so it is refused rather than wrong.
+        if self.tensor_parallel_size > 1 and self.kv_offload_host_gib > 0:
+            raise ValueError("KV tiers (--kv-offload-*) with --tensor-parallel-size > 1 are not "
+                             "supported yet")
         return self
 
     @model_validator(mode="after")

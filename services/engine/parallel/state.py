@@ -92,6 +92,18 @@ def get_tp_group() -> TPGroup:
     return _GROUP
 
 
+@contextmanager
+def solo() -> Iterator[None]:
+    """Builds what is made inside it as a group of one: its layers keep the whole model and join
+    no collective (a draft model that rank 0 runs alone beside its shard of the target)."""
+    global _GROUP
+    saved, _GROUP = _GROUP, TPGroup()
+    try:
+        yield
+    finally:
+        _GROUP = saved
+
+
 def init_tp(rank: int, size: int, init_method: str, device: torch.device,
             timeout_s: float) -> TPGroup:
     """Joins the group; every collective after this fails after timeout_s instead of waiting for

@@ -1,13 +1,16 @@
 """What rank 0 tells the other ranks each step: only what they cannot know.
 
 Per scheduled sequence, in the step's packed order: a small handle, where this step's tokens start,
-the tokens themselves (a decode step's one token, a prefill chunk's tokens), the change to its
-block table since it was last sent (the blocks appended, or the whole table after a preemption
-rebuilt it) and its LoRA slot when that changed (the slots' contents follow rank 0's LoRA manager
-on the same channel: lora/replicas.py); then the handles of finished sequences, whose tables the
-ranks drop, and the hidden rows rank 0 will score for prompt logprobs, so that every rank joins
-the same lm_head gathers.
-Block tables are identical on all ranks because only rank 0 allocates blocks.
+the tokens themselves (a decode step's one token, a prefill chunk's tokens), its draft when it
+speculates (verified by the same multi-query forward on every rank), the change to its block table
+since it was last sent (the blocks appended or the rejected positions' blocks trimmed, or the whole
+table after a preemption rebuilt it) and its LoRA slot when that changed (the slots' contents
+follow rank 0's LoRA manager on the same channel: lora/replicas.py); then the handles of finished
+sequences, whose tables the ranks drop, and the hidden rows rank 0 will score for prompt logprobs,
+so that every rank joins the same lm_head gathers.
+Block tables are identical on all ranks because only rank 0 allocates blocks. Rejected draft
+positions need no message of their own: their KV lies past the computed count rank 0 sends next,
+so every rank overwrites it as the sequence goes on.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ class SeqStep:
     new_blocks: list[int]  # appended after those
     samples: bool
     lora_slot: int | None = None  # the sequence's new LoRA slot (-1: none); None: unchanged
+    draft: list[int] = field(default_factory=list)  # run after tokens, every position sampling
 
 
 @dataclass
@@ -64,15 +68,17 @@ class StepEncoder:
             sent = self._sent[id(seq)] = _Sent(seq, self._next_handle, [])
             self._next_handle += 1
         blocks, old = seq.block_ids, sent.blocks
-        # Blocks are appended as a sequence grows; anything else (a preemption freed them) resends.
-        keep = len(old) if len(blocks) >= len(old) and blocks[:len(old)] == old else 0
+        # Blocks are appended as a sequence grows and trimmed after a rejected draft; anything else
+        # (a preemption freed them) resends the table.
+        common = min(len(old), len(blocks))
+        keep = common if blocks[:common] == old[:common] else 0
         sent.blocks = list(blocks)
         slot = -1 if seq.lora_slot is None else seq.lora_slot
         changed = None if slot == sent.lora_slot else slot
         sent.lora_slot = slot
         first = seq.num_computed_tokens
         return SeqStep(sent.handle, first, seq.token_ids[first:first + item.num_tokens], keep,
-                       blocks[keep:], item.samples, changed)
+                       blocks[keep:], item.samples, changed, list(item.draft))
 
 
 class _Tokens:
@@ -102,12 +108,11 @@ class MirrorItem:
     seq: MirrorSeq
     num_tokens: int
     samples: bool
-    # speculation is refused at TP>1 (engine/config.py), so a step's items carry no draft
     draft: list[int] = field(default_factory=list)
 
     @property
     def num_positions(self) -> int:
-        return self.num_tokens
+        return self.num_tokens + len(self.draft)
 
 
 class StepDecoder:
@@ -131,5 +136,5 @@ class StepDecoder:
             slot = self.lora_slots.get(s.handle, -1)
             seq = MirrorSeq(s.num_computed, _Tokens(s.num_computed, s.tokens), table,
                             lora_slot=None if slot < 0 else slot)
-            items.append(MirrorItem(seq, len(s.tokens), s.samples))
+            items.append(MirrorItem(seq, len(s.tokens), s.samples, s.draft))
         return items

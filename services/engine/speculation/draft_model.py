@@ -13,6 +13,12 @@ meanwhile (accepted and bonus tokens, steps above disable_by_batch_size, a promp
 hand-off to this decode worker) is caught up in the step's first draft pass, together with the
 prompt chunks the target computes in the step. A preempted sequence starts over, and so does one
 admitted on prefix-cache hits: the draft did not necessarily compute those blocks.
+
+Under tensor parallelism the draft is not sharded: rank 0 runs it whole, unsharded, on its own
+device, and only its tokens reach the other ranks (in the step's message, for the verify pass that
+runs on all of them). A draft is small, so a copy per rank would cost each rank memory and a
+collective per layer per draft token for no gain; its cache has the target's block ids, so it
+lives and goes with rank 0's blocks as at TP=1.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.parallel.state import solo
 from baton.services.engine.sampler import apply_logit_bias, filter_probs
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
@@ -191,10 +198,12 @@ def build_draft_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     config = load_config(spec.model)
     # The draft's rotary tables and graphs are sized to the longest sequence it scores.
     max_len = min(context_length(config), max_model_len)
+    # Under tensor parallelism the draft runs whole on rank 0 alone (see the module's docstring).
     settings = engine.model_copy(update={"model": spec.model, "num_kv_blocks": blocks.num_blocks,
-                                         "kv_cache_memory_gib": None})
+                                         "kv_cache_memory_gib": None, "tensor_parallel_size": 1})
     try:
-        runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)
+        with solo():
+            runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)
     except KVCacheTooLarge as e:
         # The target's cache was sized from memory without it: say how to make room for both.
         raise SpeculativeConfigError(
