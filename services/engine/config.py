@@ -135,11 +135,12 @@ class EngineConfig(BatonSettings):
 
     @model_validator(mode="after")
     def _tensor_parallel_supports(self) -> EngineConfig:
-        # The disk tier's files and evictions are rank 0's alone; the other ranks would not
-        # follow, so it is refused rather than wrong.
-        if self.tensor_parallel_size > 1 and self.kv_offload_host_gib > 0:
-            raise ValueError("KV tiers (--kv-offload-*) with --tensor-parallel-size > 1 are not "
-                             "supported yet")
+        # The disk tier's files and evictions are rank 0's alone (the other ranks mirror only
+        # the host tier, kv/tiers/replicas.py), so it is refused rather than wrong.
+        if self.tensor_parallel_size > 1 and self.kv_offload_disk_dir is not None:
+            raise ValueError("the disk KV tier (--kv-offload-disk-dir) with "
+                             "--tensor-parallel-size > 1 is not supported yet (the host tier "
+                             "--kv-offload-host-gib is)")
         return self
 
     @model_validator(mode="after")

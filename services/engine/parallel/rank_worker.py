@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from baton.services.common.model_config import load_config
+from baton.services.engine.kv.tiers.replicas import TierFollower, TierLoads, TierPool, TierStores
 from baton.services.engine.parallel import channel
 from baton.services.engine.parallel.executor import RankSpec, set_cpu_threads
 from baton.services.engine.parallel.rank_tasks import RankContext, RankReply, RankTask
@@ -20,6 +21,8 @@ from baton.services.engine.parallel.state import destroy_tp, init_tp
 from baton.services.engine.parallel.step_sync import StepDecoder, StepMessage
 
 log = logging.getLogger(__name__)
+
+TIER_MESSAGES = (TierPool, TierStores, TierLoads)
 
 
 def _device(spec: RankSpec) -> torch.device:
@@ -44,12 +47,15 @@ def serve(spec: RankSpec) -> None:
         if runner.lora is not None:
             lora = LoRAFollower(spec.engine, config, runner.lora)
         decoder = StepDecoder()
+        tiers = TierFollower(runner.kv_cache)
         tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config))
         while (message := channel.recv(conn)) is not None:
             if isinstance(message, StepMessage):
                 runner.execute_follower(decoder.decode(message), message.score_rows)
             elif isinstance(message, RankTask):
                 tasks.run(message)
+            elif isinstance(message, TIER_MESSAGES):  # rank 0's KV tiers' copies
+                tiers.apply(message)
             else:  # rank 0's LoRA manager's decisions, the only other messages
                 lora.apply(message)
     finally:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store
+from baton.services.engine.kv.tiers.replicas import TierLoads, TierStores
 
 if TYPE_CHECKING:
     from baton.services.engine.kv.tiers.manager import TierManager
@@ -92,6 +93,9 @@ class CopyWorker(threading.Thread):
                     evicted.append((old, host.pool[slot].numpy().tobytes()))
                 plan.append((s, slot))
         started = time.perf_counter()
+        if plan and tiers.replicas is not None:
+            # Before the blocks can be reused (see replicas.py): the other ranks copy theirs too.
+            tiers.replicas(TierStores([(s.block, slot) for s, slot in plan]))
         if plan:
             blocks = torch.tensor([s.block for s, _ in plan], device=tiers.device_view.device)
             slots = torch.tensor([slot for _, slot in plan])
@@ -146,6 +150,9 @@ class CopyWorker(threading.Thread):
                     disk_blocks += 1
                 job.loaded += 1
             disk_done = time.perf_counter()
+            if host_pairs and tiers.replicas is not None:
+                # Before the load is done and its request runs (see replicas.py).
+                tiers.replicas(TierLoads(host_pairs))
             if host_pairs:
                 slots = torch.tensor([s for s, _ in host_pairs])
                 blocks = torch.tensor([b for _, b in host_pairs], device=view.device)

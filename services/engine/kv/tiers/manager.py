@@ -18,6 +18,7 @@ from baton.services.engine.kv.tiers.copier import CopyWorker
 from baton.services.engine.kv.tiers.disk import DiskTier
 from baton.services.engine.kv.tiers.host import HostTier
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store, TierHit
+from baton.services.engine.kv.tiers.replicas import Send, TierPool
 from baton.services.engine.kv.tiers.stats import TierStats
 
 GIB = 1 << 30
@@ -26,7 +27,9 @@ GIB = 1 << 30
 class TierManager:
 
     def __init__(self, kv_cache: torch.Tensor, host_gib: float, disk_dir: str | None = None,
-                 disk_gib: float = 0.0) -> None:
+                 disk_gib: float = 0.0, replicas: Send | None = None) -> None:
+        """replicas: under tensor parallelism, rank 0's line to the other ranks, whose host tiers
+        follow this one's copies (replicas.py)."""
         self.device_view = byte_view(kv_cache)  # [layers, blocks, block_nbytes]
         layers, _, nbytes = self.device_view.shape
         self.block_size = kv_cache.shape[3]
@@ -34,6 +37,9 @@ class TierManager:
         block_bytes = layers * nbytes
         self.host = HostTier(int(host_gib * GIB) // block_bytes, layers, nbytes,
                              pin=kv_cache.is_cuda)
+        self.replicas = replicas
+        if replicas is not None:
+            replicas(TierPool(self.host.capacity))
         self.lock = threading.Condition()  # reentrant: the disk tier records under it too
         # With record_events (a worker whose router mirrors its cache), each block that enters or
         # leaves a tier is logged here, under the lock, for the engine to drain with its own.
