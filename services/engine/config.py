@@ -60,10 +60,11 @@ class EngineConfig(BatonSettings):
     kv_offload_host_gib: float = Field(
         0.0, ge=0,
         description="Host-memory KV tier in GiB below the device cache (0 = off): freed prefix "
-                    "blocks are kept there and loaded back instead of recomputed")
+                    "blocks are kept there and loaded back instead of recomputed; under tensor "
+                    "parallelism each rank holds this much, of its own heads")
     kv_offload_disk_dir: str | None = Field(
         None, description="Local-disk KV tier below the host tier: the folder of its block files "
-                          "(needs --kv-offload-host-gib)")
+                          "(needs --kv-offload-host-gib; not at tensor parallelism > 1 yet)")
     kv_offload_disk_gib: float = Field(
         16.0, gt=0, description="Local-disk KV tier: most GiB of block files it keeps")
     preemption_mode: Literal["auto", "swap", "recompute"] = Field(

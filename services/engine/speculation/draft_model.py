@@ -14,11 +14,11 @@ hand-off to this decode worker) is caught up in the step's first draft pass, tog
 prompt chunks the target computes in the step. A preempted sequence starts over, and so does one
 admitted on prefix-cache hits: the draft did not necessarily compute those blocks.
 
-Under tensor parallelism the draft is not sharded: rank 0 runs it whole, unsharded, on its own
-device, and only its tokens reach the other ranks (in the step's message, for the verify pass that
-runs on all of them). A draft is small, so a copy per rank would cost each rank memory and a
-collective per layer per draft token for no gain; its cache has the target's block ids, so it
-lives and goes with rank 0's blocks as at TP=1.
+Under tensor parallelism the draft is neither sharded nor replicated: rank 0 runs it whole on its
+own device, and only its tokens reach the other ranks (in the step's message, for the verify pass
+that runs on all of them). A draft is small: sharded, it would wait on a collective per layer per
+draft token; replicated, every rank would spend memory and compute on tokens only rank 0 needs. Its
+cache has the target's block ids, so it lives and goes with rank 0's blocks as at TP=1.
 """
 from __future__ import annotations
 
