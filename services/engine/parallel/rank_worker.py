@@ -48,7 +48,8 @@ def serve(spec: RankSpec) -> None:
             lora = LoRAFollower(spec.engine, config, runner.lora)
         decoder = StepDecoder()
         tiers = TierFollower(runner.kv_cache)
-        tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config))
+        tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config,
+                                              spec.node_host))
         while (message := channel.recv(conn)) is not None:
             if isinstance(message, StepMessage):
                 runner.execute_follower(decoder.decode(message), message.score_rows)

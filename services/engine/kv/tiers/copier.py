@@ -22,6 +22,7 @@ import torch
 
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store
 from baton.services.engine.kv.tiers.replicas import TierLoads, TierStores
+from baton.services.engine.kv.tiers.slots import load_slots, store_slots
 
 if TYPE_CHECKING:
     from baton.services.engine.kv.tiers.manager import TierManager
@@ -97,11 +98,9 @@ class CopyWorker(threading.Thread):
             # Before the blocks can be reused (see replicas.py): the other ranks copy theirs too.
             tiers.replicas(TierStores([(s.block, slot) for s, slot in plan]))
         if plan:
-            blocks = torch.tensor([s.block for s, _ in plan], device=tiers.device_view.device)
-            slots = torch.tensor([slot for _, slot in plan])
             with self._on_stream():
-                gathered = tiers.device_view.index_select(1, blocks).transpose(0, 1)
-                host.pool.index_copy_(0, slots, gathered.to("cpu"))
+                store_slots(tiers.device_view, host.pool, [(s.block, slot) for s, slot in plan])
+                self._sync()
         stats = tiers.stats["host"]
         stats.seconds_stored += time.perf_counter() - started
         stats.blocks_stored += len(plan)
@@ -154,15 +153,15 @@ class CopyWorker(threading.Thread):
                 # Before the load is done and its request runs (see replicas.py).
                 tiers.replicas(TierLoads(host_pairs))
             if host_pairs:
-                slots = torch.tensor([s for s, _ in host_pairs])
-                blocks = torch.tensor([b for _, b in host_pairs], device=view.device)
-                rows = tiers.host.pool.index_select(0, slots).transpose(0, 1)
-                view.index_copy_(1, blocks, rows.to(view.device))
-            if self.stream is not None:
-                self.stream.synchronize()
+                load_slots(tiers.device_view, tiers.host.pool, host_pairs)
+            self._sync()
         self._count_load("disk", disk_blocks, disk_done - started)
         self._count_load("host", len(host_pairs), time.perf_counter() - disk_done)
         self._finish_load(job)
+
+    def _sync(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def _count_load(self, tier: str, blocks: int, seconds: float) -> None:
         if blocks:
@@ -186,3 +185,4 @@ class CopyWorker(threading.Thread):
         if self.stream is None:
             return contextlib.nullcontext()
         return torch.cuda.stream(self.stream)
+

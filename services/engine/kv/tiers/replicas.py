@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from baton.services.engine.kv.layout import byte_view
+from baton.services.engine.kv.tiers.slots import load_slots, store_slots
 
 
 @dataclass(frozen=True)
@@ -55,19 +56,16 @@ class TierFollower:
         self.pool: torch.Tensor | None = None
 
     def apply(self, message: TierMessage) -> None:
-        """Runs between steps, in the channel's order (on a GPU on the step's stream, so after the
-        step before it and before the one after)."""
+        """Runs between steps, in the channel's order, the copies done before the next message."""
         view = self.device_view
         if isinstance(message, TierPool):
             layers, _, nbytes = view.shape
             self.pool = torch.empty((message.capacity, layers, nbytes), dtype=torch.uint8,
                                     pin_memory=view.is_cuda)
-        elif isinstance(message, TierStores):
-            blocks = torch.tensor([b for b, _ in message.pairs], device=view.device)
-            slots = torch.tensor([s for _, s in message.pairs])
-            self.pool.index_copy_(0, slots, view.index_select(1, blocks).transpose(0, 1).cpu())
+            return
+        if isinstance(message, TierStores):
+            store_slots(view, self.pool, message.pairs)
         else:
-            slots = torch.tensor([s for s, _ in message.pairs])
-            blocks = torch.tensor([b for _, b in message.pairs], device=view.device)
-            rows = self.pool.index_select(0, slots).transpose(0, 1)
-            view.index_copy_(1, blocks, rows.to(view.device))
+            load_slots(view, self.pool, message.pairs)
+        if view.is_cuda:
+            torch.cuda.current_stream(view.device).synchronize()
