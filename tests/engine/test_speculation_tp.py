@@ -6,12 +6,15 @@ sequences are preempted and their tables resent."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.parallel.step_sync import StepDecoder, StepEncoder
+from baton.services.engine.sequence import Status
 from tests.engine.draft_helpers import perturbed_copy
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import assert_matches, greedy_reference, reference_model
@@ -100,3 +103,22 @@ def test_tp2_draft_model_on_rank0_equals_tp1(tiny_model_dirs, prompts, reference
     assert draft_runner.executor is None
     assert draft_runner.kv_cache.shape[4] == engine.model_config.num_key_value_heads
     assert engine.runner.kv_cache.shape[4] == engine.model_config.num_key_value_heads // 2
+
+
+def test_step_messages_carry_drafts_and_trim_tables_in_place() -> None:
+    """A draft's blocks grow the table and a rejection trims it: the other ranks' table follows by
+    deltas (no resend), and their items run the draft's positions."""
+    seq = SimpleNamespace(status=Status.RUNNING, block_ids=[7], lora_slot=None,
+                          num_computed_tokens=3, token_ids=[1, 2, 3, 4])
+    encoder, decoder = StepEncoder(), StepDecoder()
+    seq.block_ids = [7, 9, 4]  # grown for a draft of 5 tokens past position 3, block size 4
+    message = encoder.encode([SimpleNamespace(seq=seq, num_tokens=1, samples=True,
+                                              draft=[5, 6, 7, 8, 9])], [])
+    [item] = decoder.decode(message)
+    assert (item.draft, item.num_positions, item.seq.block_ids) == ([5, 6, 7, 8, 9], 6, [7, 9, 4])
+    seq.block_ids, seq.num_computed_tokens, seq.token_ids = [7, 9], 5, [1, 2, 3, 4, 5, 10]
+    message = encoder.encode([SimpleNamespace(seq=seq, num_tokens=1, samples=True, draft=[])], [])
+    assert (message.seqs[0].keep_blocks, message.seqs[0].new_blocks) == (2, [])
+    [item] = decoder.decode(message)
+    assert (item.draft, item.num_positions, item.seq.block_ids) == ([], 1, [7, 9])
+    assert item.seq.token_ids[5:6] == [10]
