@@ -185,4 +185,3 @@ class CopyWorker(threading.Thread):
         if self.stream is None:
             return contextlib.nullcontext()
         return torch.cuda.stream(self.stream)
-
