@@ -198,7 +198,7 @@ class LLMEngine:
         leading ones the local prefix cache holds (and those its KV tiers hold, being loaded) need
         no transfer; None when the cache or the batch has no room now. Raises ValueError like
         submit."""
-        seq = self.intake.admit(request)
+        seq = self.intake.admit(request, prefilled=True)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
         if (len(self.scheduler.running) >= self.config.max_num_seqs
                 or not self.blocks.can_admit(hits, seq.num_tokens)
