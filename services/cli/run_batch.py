@@ -1,9 +1,9 @@
 """`baton run-batch -i IN.jsonl -o OUT.jsonl`: an OpenAI batch file through one engine, offline.
 
 Input lines are OpenAI batch requests ({"custom_id", "method", "url", "body"}); output lines are
-OpenAI batch results in input order. With LoRA adapters (vLLM's --enable-lora, --lora-modules
-name=path ..., --max-loras, --max-lora-rank) a line's `model` may name one. A line that cannot be served gets a 400 result of its own and
-the others go on.
+OpenAI batch results in input order. A line that cannot be served gets a 400 result of its own and
+the others go on. With LoRA adapters (vLLM's --enable-lora, --lora-modules name=path ...,
+--max-loras, --max-lora-rank) a line's `model` may name one.
 """
 from __future__ import annotations
 

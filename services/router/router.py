@@ -35,7 +35,7 @@ from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.registry import scorer_class
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
-from baton.services.router.runtime_loras import LoRALoad, RuntimeLoRAs
+from baton.services.router.runtime_loras import RuntimeLoRAs
 from baton.services.router.served_models import served_model_stats
 from baton.services.router.ttft_predictor import TTFTPredictor
 from baton.services.router.worker_state import CircuitBreaker, SaturationLimits, WorkerState
@@ -89,7 +89,9 @@ class Router:
                                        config.saturation_inflight_requests,
                                        config.saturation_kv_utilization)
         self.affinity = AffinityKeys(config.affinity_keys_max)
-        self.runtime_loras = RuntimeLoRAs()
+        # the router's lock guards it too; a change may let a queued request be placed
+        self.runtime_loras = RuntimeLoRAs(self._lock, self._workers, config, clock,
+                                          lambda: self._dispatch(self._clock()))
         self.planner = Planner(config, self.index, self.predictor, self.admission, self.affinity)
         self._rng = random.Random(config.seed)
         self.apply_plugin_settings(config.plugin_settings())
@@ -184,43 +186,6 @@ class Router:
                 else:
                     unknown.append(worker_id)
         return unknown
-
-    # -- runtime LoRA adapters ---------------------------------------------------------------------
-
-    def set_runtime_lora(self, model: str | None, name: str, path: str | None,
-                         worker_ids: Iterable[str] = ()) -> None:
-        """A runtime load (path) or unload (None) of a base model's adapter; `worker_ids`: the
-        workers that serve it already. KeyError for a model this router does not route, ValueError
-        without a name."""
-        model = model or self.config.model
-        if model not in self.config.served_models():
-            raise KeyError(f"model {model!r} is not served here")
-        if not name:
-            raise ValueError("lora_name is required")
-        with self._lock:
-            have = [self._workers[w] for w in worker_ids if w in self._workers]
-            self.runtime_loras.set(model, name, path, have, self._clock())
-            self._dispatch(self._clock())
-
-    def loras_to_load(self, worker_id: str) -> list[LoRALoad]:
-        """The runtime adapters the worker lacks, for its feed to load."""
-        with self._lock:
-            worker = self._workers.get(worker_id)
-            if worker is None:
-                return []
-            return self.runtime_loras.to_load(worker, self._clock())
-
-    def lora_loaded(self, worker_id: str, load: LoRALoad, ok: bool) -> None:
-        """What the feed's load of a runtime adapter came to (ok: it serves the adapter now)."""
-        with self._lock:
-            worker = self._workers.get(worker_id)
-            if worker is None:
-                return
-            if ok:
-                self.runtime_loras.loaded(worker, load, self._clock())
-                self._dispatch(self._clock())
-            else:
-                self.runtime_loras.failed(worker_id, load, self._clock())
 
     # -- feeds from workers ------------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def SetRuntimeLoRA(self, request: pb.SetRuntimeLoRARequest,
                              context: grpc.aio.ServicerContext) -> pb.SetRuntimeLoRAResponse:
         try:
-            self.router.set_runtime_lora(request.model or None, request.lora_name,
+            self.router.runtime_loras.set(request.model or None, request.lora_name,
                                          request.lora_path or None, request.worker_ids)
         except KeyError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, e.args[0])

@@ -109,7 +109,7 @@ class WorkerFeed:
         batch at a time."""
         if self._loading_loras is not None and not self._loading_loras.done():
             return
-        loads = self.router.loras_to_load(self.worker_id)
+        loads = self.router.runtime_loras.to_load(self.worker_id)
         if loads:
             self._loading_loras = asyncio.ensure_future(self._load_loras(loads))
 
@@ -129,7 +129,7 @@ class WorkerFeed:
                 ok = True
                 log.info("worker %s: runtime LoRA adapter %s loaded from %s", self.worker_id,
                          load.name, load.path)
-            self.router.lora_loaded(self.worker_id, load, ok)
+            self.router.runtime_loras.loaded(self.worker_id, load, ok)
 
     def _register(self, report: LoadReport) -> bool:
         worker_id = report.worker_id or self.address

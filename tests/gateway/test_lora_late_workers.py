@@ -9,10 +9,9 @@ import openai
 import pytest
 
 from baton.services.checkpoints.tiny_lora import make_tiny_lora
-from baton.services.common.process import free_port, launch_service
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.engine.engine_helpers import random_prompts
-from tests.launcher import ONE_THREAD, scrape, start_stack, stop_all, wait_for
+from tests.launcher import launch_worker, start_stack, stop_all, wait_for
 
 KEYS = """
 tenants:
@@ -74,18 +73,15 @@ def test_a_worker_that_joins_after_a_runtime_load_serves_the_adapter(lora_stack,
     assert any(_tokens(client, base, p) != w for p, w in zip(prompts, want)), \
         "the adapter must change the outputs, or the test proves nothing"
 
-    metrics_port = free_port()
-    joined = launch_service("mixed-worker-late", [
-        "worker", "--role", "mixed", "--host", "127.0.0.1", "--port", str(free_port()),
-        "--kv-port", str(free_port()), "--metrics-port", str(metrics_port),
-        "--kv-transport=grpc", f"--model={model}", f"--served-model-name={model.name}",
-        f"--router={lora_stack.router.address}", *_worker_args(adapter)], env=ONE_THREAD)
+    joined = launch_worker("mixed-worker-late", model, f"--served-model-name={model.name}",
+                           f"--router={lora_stack.router.address}", *_worker_args(adapter))
     try:
-        joined.wait_ready(120)
+        joined.service.wait_ready(120)
         # started without it (its command line names qv8 alone), it is told to load it
         wait_for(lambda: _served(joined.address) == {"qv8", "late"}, timeout=120,
                  what="the router loads the runtime adapter onto the new worker")
-        assert any(f"LoRA adapter late loaded from {adapter}" in line for line in joined.output)
+        told = f"LoRA adapter late loaded from {adapter}"
+        assert any(told in line for line in joined.service.output)
         with grpc.insecure_channel(lora_stack.router.address) as channel:
             router = router_pb2_grpc.RouterStub(channel)
             listed = router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=60).workers
@@ -94,8 +90,7 @@ def test_a_worker_that_joins_after_a_runtime_load_serves_the_adapter(lora_stack,
             router.Drain(router_pb2.DrainRequest(worker_ids=first), timeout=60)
         # only the new worker takes requests now
         assert [_tokens(client, "late", p) for p in prompts] == want
-        generated = scrape(f"http://127.0.0.1:{metrics_port}/metrics",
-                           "baton_lora_generation_tokens_total", lora_name="late")
+        generated = joined.metric("baton_lora_generation_tokens_total", lora_name="late")
         assert generated == NEW_TOKENS * len(prompts)
     finally:
-        stop_all([joined])
+        stop_all([joined.service])

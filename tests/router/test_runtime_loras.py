@@ -52,51 +52,51 @@ def test_runtime_adapter_goes_only_where_loaded_until_the_feed_loads_it() -> Non
     router = _router(clock, {"w1": ["x"], "w2": []})
     router.drain(["w1"])  # from here on, w2 is the one place to go
     assert _placed_on(router, "x") == "w2", "before the runtime load it is not tracked"
-    router.set_runtime_lora("m", "x", LOAD.path, ["w1"])
+    router.runtime_loras.set("m", "x", LOAD.path, ["w1"])
     assert _placed_on(router, "x") is RejectReason.NO_WORKERS
     assert _placed_on(router, None) == "w2"
-    assert router.loras_to_load("w1") == []
-    assert router.loras_to_load("w2") == [LOAD]
-    router.lora_loaded("w2", LOAD, ok=True)
-    assert router.loras_to_load("w2") == []
+    assert router.runtime_loras.to_load("w1") == []
+    assert router.runtime_loras.to_load("w2") == [LOAD]
+    router.runtime_loras.loaded("w2", LOAD, ok=True)
+    assert router.runtime_loras.to_load("w2") == []
     assert _placed_on(router, "x") == "w2"
     # w2 restarts without it: its next report says so
     clock.advance(1.0)
     _report(router, clock, "w2", [])
     assert _placed_on(router, "x") is RejectReason.NO_WORKERS
-    assert router.loras_to_load("w2") == [LOAD]
+    assert router.runtime_loras.to_load("w2") == [LOAD]
 
 
 def test_a_confirmation_outlives_older_reports_only() -> None:
     clock = Clock()
     router = _router(clock, {"w1": []})
     clock.advance(0.5)
-    router.set_runtime_lora(None, "x", LOAD.path, ["w1"])  # the gateway's fan-out reached it
+    router.runtime_loras.set(None, "x", LOAD.path, ["w1"])  # the gateway's fan-out reached it
     _report(router, clock, "w1", [], taken_at=clock.now - 0.2)  # taken before the load
     assert _placed_on(router, "x") == "w1"
-    assert router.loras_to_load("w1") == []
+    assert router.runtime_loras.to_load("w1") == []
     clock.advance(0.5)
     _report(router, clock, "w1", [])  # taken after: the worker lost it
     outcome = _place(router, 0, "x")
     assert isinstance(outcome, Rejection) and outcome.reason is RejectReason.NO_WORKERS
     assert "'x' loaded yet" in outcome.message and outcome.retry_after_s == 1.0
-    assert router.loras_to_load("w1") == [LOAD]
+    assert router.runtime_loras.to_load("w1") == [LOAD]
 
 
 def test_a_failed_load_is_retried_later_and_an_unload_stops_it() -> None:
     clock = Clock()
     router = _router(clock, {"w1": ["x"], "w2": []})
     router.drain(["w1"])
-    router.set_runtime_lora("m", "x", LOAD.path, ["w1"])
-    router.lora_loaded("w2", LOAD, ok=False)
-    assert router.loras_to_load("w2") == []
+    router.runtime_loras.set("m", "x", LOAD.path, ["w1"])
+    router.runtime_loras.loaded("w2", LOAD, ok=False)
+    assert router.runtime_loras.to_load("w2") == []
     clock.advance(RETRY_FAILED_S)
     for worker_id, adapters in (("w1", ["x"]), ("w2", [])):
         router.heartbeat(worker_id)
         _report(router, clock, worker_id, adapters)
-    assert router.loras_to_load("w2") == [LOAD]
-    router.set_runtime_lora("m", "x", None)
-    assert router.loras_to_load("w2") == []
+    assert router.runtime_loras.to_load("w2") == [LOAD]
+    router.runtime_loras.set("m", "x", None)
+    assert router.runtime_loras.to_load("w2") == []
     # no longer a runtime adapter: a worker that still has it answers for itself
     assert _placed_on(router, "x") == "w2"
 
@@ -105,12 +105,12 @@ def test_adapters_given_at_start_are_not_filtered_and_bad_updates_are_refused() 
     clock = Clock()
     router = _router(clock, {"w1": ["start"], "w2": []})
     router.drain(["w1"])
-    router.set_runtime_lora("m", "x", LOAD.path, ["w1", "gone"])
+    router.runtime_loras.set("m", "x", LOAD.path, ["w1", "gone"])
     assert _placed_on(router, "start") == "w2"
     with pytest.raises(KeyError):
-        router.set_runtime_lora("other", "x", LOAD.path)
+        router.runtime_loras.set("other", "x", LOAD.path)
     with pytest.raises(ValueError):
-        router.set_runtime_lora("m", "", LOAD.path)
+        router.runtime_loras.set("m", "", LOAD.path)
     # a load of another folder than the wanted one does not confirm it
-    router.lora_loaded("w2", LoRALoad("x", "/elsewhere"), ok=True)
-    assert router.loras_to_load("w2") == [LOAD]
+    router.runtime_loras.loaded("w2", LoRALoad("x", "/elsewhere"), ok=True)
+    assert router.runtime_loras.to_load("w2") == [LOAD]
