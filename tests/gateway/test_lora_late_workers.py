@@ -1,6 +1,7 @@
 """A LoRA adapter loaded at runtime is the fleet's desired state: a worker that registers with the
-router after the load is given the adapter by the router, and requests for it then run there
-token for token as under the same adapter given at start (services/router/runtime_loras.py)."""
+router after the load, or restarts without it, is given the adapter by the router, and requests
+for it then run there token for token as under the same adapter given at start
+(services/router/runtime_loras.py)."""
 from __future__ import annotations
 
 import grpc
@@ -39,7 +40,9 @@ def _worker_args(adapter) -> tuple[str, ...]:
 def lora_stack(model, adapter, tmp_path_factory):
     keys = tmp_path_factory.mktemp("late-lora-keys") / "keys.yaml"
     keys.write_text(KEYS)
+    # a restarted worker's circuit (opened by its failed polls) is tried again within a second
     stack = start_stack(model, "colocated", api_keys_file=keys, worker_arg=_worker_args(adapter),
+                        router_args=["--circuit-cooldown-s=1"],
                         gateway_args=["--allow-runtime-lora-updating", "--slos="])
     yield stack
     stack.stop()
@@ -50,6 +53,14 @@ def _tokens(client: openai.OpenAI, model: str, prompt: list[int]) -> list[int]:
         model=model, prompt=prompt, max_tokens=NEW_TOKENS, temperature=0,
         extra_body={"ignore_eos": True, "return_token_ids": True})
     return answer.choices[0].model_extra["token_ids"]
+
+
+def _answers(client: openai.OpenAI, prompt: list[int]) -> bool:
+    try:
+        _tokens(client, "late", prompt)
+    except openai.InternalServerError:  # 503: no worker can take it yet
+        return False
+    return True
 
 
 def _served(address: str) -> set[str]:
@@ -80,8 +91,9 @@ def test_a_worker_that_joins_after_a_runtime_load_serves_the_adapter(lora_stack,
         # started without it (its command line names qv8 alone), it is told to load it
         wait_for(lambda: _served(joined.address) == {"qv8", "late"}, timeout=120,
                  what="the router loads the runtime adapter onto the new worker")
-        told = f"LoRA adapter late loaded from {adapter}"
-        assert any(told in line for line in joined.service.output)
+        told = f"LoRA adapter late loaded from {adapter}"  # the worker's log of the RPC
+        wait_for(lambda: any(told in line for line in joined.service.output), timeout=60,
+                 what="the worker logs the load")
         with grpc.insecure_channel(lora_stack.router.address) as channel:
             router = router_pb2_grpc.RouterStub(channel)
             listed = router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=60).workers
@@ -92,5 +104,17 @@ def test_a_worker_that_joins_after_a_runtime_load_serves_the_adapter(lora_stack,
         assert [_tokens(client, "late", p) for p in prompts] == want
         generated = joined.metric("baton_lora_generation_tokens_total", lora_name="late")
         assert generated == NEW_TOKENS * len(prompts)
+        # it crashes and comes back on its address: the router sees it lacks the adapter again
+        joined.service.kill()
+        joined.service.relaunch()
+        joined.service.wait_ready(120)
+        wait_for(lambda: _served(joined.address) == {"qv8", "late"}, timeout=120,
+                 what="the router loads the runtime adapter onto the restarted worker")
+        # its failed polls opened its circuit breaker: the router tries it again after a cooldown
+        wait_for(lambda: _answers(client, prompts[0]), timeout=120,
+                 what="the router places on the restarted worker again")
+        assert [_tokens(client, "late", p) for p in prompts] == want
+        generated = joined.metric("baton_lora_generation_tokens_total", lora_name="late")
+        assert generated >= NEW_TOKENS * len(prompts)
     finally:
         stop_all([joined.service])
