@@ -121,7 +121,8 @@ def worker_fields() -> dict[str, Schema]:
         "tolerations": {"type": "array", "items": TOLERATION, "maxItems": 32},
         "engineArgs": {
             "type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 64,
-            "description": "Extra engine flags, name without dashes -> value",
+            "description": "Extra engine flags, name without dashes -> value; \"true\" and "
+                           "\"false\" turn a switch on or off (--enable-lora, --no-enable-lora)",
             "x-kubernetes-validations": [
                 rule("self.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
                      "engineArgs keys must be kebab-case flag names without leading dashes"),
