@@ -19,7 +19,7 @@ from baton.operators.members import split_members
 from baton.operators.pools import pool_objects
 from baton.operators.settings import OperatorSettings
 from baton.operators.spec import defaulted, problems
-from tests.helm.conftest import CHART, NAMESPACE, RELEASE, documents, run_helm
+from tests.helm.conftest import CHART, NAMESPACE, RELEASE, REPO, documents, run_helm
 
 SETTINGS = OperatorSettings()
 # Model name -> the pools the models values give it.
@@ -120,6 +120,17 @@ def test_runtime_lora_updating_is_a_gateway_value(rendered: dict[str, str]) -> N
     assert "--allow-runtime-lora-updating" not in args(example_gateway)
     decode = args(made(rendered["models"])[("Deployment", "qwen-decode")])
     assert "--enable-lora" in decode and "true" not in decode
+
+
+def test_the_guides_member_example_joins_the_guides_primary() -> None:
+    guide = (REPO / "docs" / "operator.md").read_text()
+    shown = guide.split("## Several base models", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    coder = yaml.safe_load((REPO / "examples" / "coder.yaml").read_text())
+    qwen = yaml.safe_load((REPO / "examples" / "qwen.yaml").read_text())
+    assert yaml.safe_load(shown) == coder
+    jsonschema.Draft202012Validator(crd_schema.open_api_schema(r.DEPLOYMENT_KIND)).validate(coder)
+    joined, refused = split_members(qwen, [qwen, coder])
+    assert [m.name for m in joined] == ["coder"] and refused == {}
 
 
 @pytest.mark.parametrize("member, message", [
