@@ -61,9 +61,14 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.Status,
-                               patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+                               patch: kopf.Patch, memo: kopf.Memo, old: Any = None,
+                               **_: Any) -> None:
     obj = dict(body)
     spec = specs.defaulted(r.DEPLOYMENT_KIND, obj)
+    before = ((old or {}).get("spec") or {}).get("gatewayRef")
+    if before and before != spec.get("gatewayRef"):
+        # A member that moved to another gateway (or became a primary) leaves the one it was behind.
+        await leave(memo.kube, memo.front_locks, {**obj, "spec": old["spec"]}, memo.config)
     problems = specs.problems(r.DEPLOYMENT_KIND, spec)
     previous = status.get("conditions")
     if problems:
@@ -95,8 +100,9 @@ async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.St
 
 
 async def delete_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Gateway first, so that no new request arrives at a router or pool that is going away; a
-    member's model then leaves its primary's router and gateway."""
+    """Gateway first, so that no new request arrives at a router or pool that is going away (a
+    member's model leaves its primary's router and gateway before its pools go)."""
+    await leave(memo.kube, memo.front_locks, dict(body), memo.config)
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     for kind, child in [("Deployment", r.gateway_name(name)), ("Service", r.gateway_name(name)),
                         ("PodDisruptionBudget", r.gateway_name(name)),
@@ -106,7 +112,6 @@ async def delete_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
                         ("ServiceAccount", r.router_name(name))
                         ] + [(r.POOL_KIND, r.pool_name(name, x)) for x in r.ROLES]:
         await memo.kube.delete(kind, namespace, child)
-    await leave(memo.kube, memo.front_locks, dict(body), memo.config)
 
 
 async def reconcile_pool(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,

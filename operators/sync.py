@@ -56,7 +56,8 @@ async def sync_children(kube: Kube, body: Obj, spec: Obj, config: OperatorSettin
 
 async def sync_primary(kube: Kube, locks: dict[str, asyncio.Lock], body: Obj, spec: Obj,
                        config: OperatorSettings, leaving: str | None = None) -> list[str]:
-    """A primary's children with the members live now (but `leaving`, which is being deleted)."""
+    """A primary's children with the members live now (but `leaving`, which is being deleted or
+    has moved to another gateway)."""
     async with front_lock(locks, body["metadata"]["namespace"], body["metadata"]["name"]):
         members, _ = await find_members(kube, body, leaving)
         return await sync_children(kube, body, spec, config, members)

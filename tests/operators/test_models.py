@@ -1,9 +1,9 @@
 """Several base models behind one gateway, through the operator against kmock: a member
 BatonDeployment (gatewayRef) gets worker pools only, labelled for its primary's router; the
 primary's router routes the member's model and selects its workers, its gateway lists the model
-with the member's tokenizer; deleting the member takes its model away again; a member that cannot
-join is Degraded and changes nothing. Which members join (a name taken, block sizes, chains) is a
-pure function, tested without the operator."""
+with the member's tokenizer; moving the member to another primary or deleting it takes its model
+away again; a member that cannot join is Degraded and changes nothing. Which members join (a name
+taken, block sizes, chains) is a pure function, tested without the operator."""
 from __future__ import annotations
 
 import asyncio
@@ -82,7 +82,7 @@ async def degraded(op: Operator, name: str) -> dict[str, Any]:
     return next(c for c in live["status"]["conditions"] if c["type"] == "Degraded")
 
 
-async def test_a_member_joins_its_primarys_gateway_and_leaves_it(operator: Operator) -> None:
+async def test_a_member_joins_moves_and_leaves(operator: Operator) -> None:
     await create(operator, body(spec=PRIMARY))
     await create(operator, member())
     router = container(await wait_for(operator, "Deployment", "qwen-router", serves("coder")))
@@ -107,12 +107,24 @@ async def test_a_member_joins_its_primarys_gateway_and_leaves_it(operator: Opera
     for kind, name in [("Deployment", "coder-router"), ("Deployment", "coder-gateway")]:
         assert await operator.kube.get(kind, NAMESPACE, name) is None
 
-    await operator.kube.delete(r.DEPLOYMENT_KIND, NAMESPACE, "coder")
-    router = await wait_for(operator, "Deployment", "qwen-router",
-                            lambda d: "--additional-models" not in container(d)["args"])
+    # Moving to another gateway leaves the first one.
+    await create(operator, body("other", copy.deepcopy(PRIMARY)))
+    await operator.kube.patch(r.DEPLOYMENT_KIND, NAMESPACE, "coder",
+                              {"spec": {"gatewayRef": {"name": "other"}}})
+    await wait_for(operator, "Deployment", "other-router", serves("coder"))
+    await wait_for(operator, "Service", "coder-mixed",
+                   lambda s: s["metadata"]["labels"][r.LABEL_GATEWAY] == "other")
     gateway = await wait_for(operator, "Deployment", "qwen-gateway",
                              lambda d: "--additional-models" not in container(d)["args"])
     assert "model-1" not in {v["name"] for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    assert "--additional-models" not in container(
+        await wait_for(operator, "Deployment", "qwen-router"))["args"]
+
+    await operator.kube.delete(r.DEPLOYMENT_KIND, NAMESPACE, "coder")
+    await wait_for(operator, "Deployment", "other-router",
+                   lambda d: "--additional-models" not in container(d)["args"])
+    await wait_for(operator, "Deployment", "other-gateway",
+                   lambda d: "--additional-models" not in container(d)["args"])
     await gone(operator, "WorkerPool", "coder-mixed")
 
 
@@ -162,3 +174,4 @@ def test_a_member_of_a_member_or_of_itself_is_refused() -> None:
     assert "names this BatonDeployment itself" in join_problems("qwen", spec, None, set())[0]
     assert "is itself behind 'main''s gateway" in join_problems(
         "coder", spec, member("qwen", gatewayRef={"name": "main"}), set())[0]
+
