@@ -93,13 +93,14 @@ def bigram_target(src: Path, dst: Path, repeat: bool = False) -> Path:
     return dst
 
 
-def agreeing_head(target: Path, out: Path, eagle3: bool) -> Path:
+def agreeing_head(target: Path, out: Path, eagle3: bool, noise: float = 0.0) -> Path:
     """A head that drafts what target (a bigram_target) decodes, all k tokens. EAGLE-1 (for a
     bigram target): fc passes on the embedding of the token after each position, through a layer
     that adds nothing, which the target's lm_head scores as the target would that token. EAGLE-3
     (for a repeating target): fc passes on layer 0's input (the embedding of the position's own
     token) and the draft vocabulary is the even tokens (d2t[d] = d), whose lm_head rows are the
-    target's: a draft is right only through d2t."""
+    target's: a draft is right only through d2t. noise: Gaussian noise of that spread added to
+    every weight, which makes the head agree in part."""
     make_head(target, out, eagle3)
     w = load_file(out / WEIGHTS)
     tw = load_file(target / WEIGHTS)
@@ -110,5 +111,9 @@ def agreeing_head(target: Path, out: Path, eagle3: bool) -> Path:
         w["lm_head.weight"] = tw["lm_head.weight"][2 * w["d2t"]].clone()
     else:
         w["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    g = torch.Generator().manual_seed(1)
+    for name, tensor in w.items():
+        if tensor.is_floating_point():
+            w[name] = tensor + torch.randn(tensor.shape, generator=g) * noise
     save_file({k: v.contiguous() for k, v in w.items()}, out / WEIGHTS, metadata={"format": "pt"})
     return out
