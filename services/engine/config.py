@@ -163,7 +163,7 @@ class EngineConfig(BatonSettings):
         # A target that is not a readable checkpoint is reported where the model loads.
         if spec is not None and self.model is not None and (
                 Path(self.model) / "config.json").is_file():
-            check_draft_vocab(spec, load_config(self.model).vocab_size)
+            check_draft_vocab(spec, load_config(self.model))
         return self
 
     @field_validator("speculative_config")

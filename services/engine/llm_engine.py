@@ -162,7 +162,7 @@ class LLMEngine:
         if spec.method in ("eagle", "eagle3"):
             return build_eagle_proposer(self.config, spec, self.blocks, self.runner, self.dtype,
                                         self.max_model_len)
-        check_draft_vocab(spec, self.model_config.vocab_size)
+        check_draft_vocab(spec, self.model_config)
         return build_draft_proposer(self.config, spec, self.blocks, self.dtype, self.device,
                                     self.max_model_len)
 

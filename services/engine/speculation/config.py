@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import PretrainedConfig
+
 from baton.services.common.model_config import load_config
 
 # Bounds on num_speculative_tokens: a verify step computes 1 + k positions per sequence.
@@ -94,20 +96,27 @@ def _draft_model(raw: dict, method: str) -> str:
     return model
 
 
-def check_draft_vocab(config: SpeculativeConfig, target_vocab_size: int) -> None:
-    """A draft proposes token ids of the target's vocabulary: the two must have the same size.
-    (An EAGLE head is checked against the target where it loads: speculation/eagle_head.py.)"""
-    if config.method != "draft_model":
+def check_draft_vocab(config: SpeculativeConfig, target: PretrainedConfig) -> None:
+    """A draft proposes token ids of the target's vocabulary: the two must have the same size; an
+    EAGLE head must also have the target's hidden size (speculation/eagle_config.py)."""
+    if config.method in ("eagle", "eagle3"):
+        # Imported here: eagle_config reads this module's error.
+        from baton.services.engine.speculation.eagle_config import aux_layers, head_config
+        head = head_config(Path(config.model), config.method == "eagle3", target)
+        if config.method == "eagle3":
+            aux_layers(head, target)
+        return
+    if config.model is None:
         return
     try:
         draft_vocab = load_config(config.model).vocab_size
     except (OSError, ValueError) as e:
         raise SpeculativeConfigError(
             f"speculative config: draft model {config.model!r} cannot be served: {e}") from None
-    if draft_vocab != target_vocab_size:
+    if draft_vocab != target.vocab_size:
         raise SpeculativeConfigError(
             f"speculative config: draft model {config.model!r} has a vocabulary of "
-            f"{draft_vocab} tokens, the target {target_vocab_size}; a draft must share the "
+            f"{draft_vocab} tokens, the target {target.vocab_size}; a draft must share the "
             "target's tokenizer and vocabulary")
 
 

@@ -37,8 +37,8 @@ from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import SpeculativeConfig, SpeculativeConfigError
 from baton.services.engine.speculation.draft_model import DraftModelProposer, DraftView
-from baton.services.engine.speculation.eagle_head import (EagleHead, aux_layers, head_config,
-                                                         load_head)
+from baton.services.engine.speculation.eagle_config import aux_layers, head_config
+from baton.services.engine.speculation.eagle_head import EagleHead, load_head
 from baton.services.engine.speculation.proposer import Draft
 from baton.services.engine.speculation.speculator import may_speculate
 
