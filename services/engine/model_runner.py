@@ -26,6 +26,7 @@ from baton.services.engine.parallel.state import get_tp_group
 from baton.services.engine.parallel.step_sync import MirrorItem, StepEncoder
 from baton.services.engine.prompt_logprobs import score_prompts, scoring_plan
 from baton.services.engine.scheduler import ScheduledSeq
+from baton.services.engine.speculation.footprint import draft_footprint
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,12 @@ class ModelRunner:
             if self.executor is not None:
                 self.lora.replicas = LoRAReplicas(self.executor.send)
         # Every rank's cache has the same blocks (rank 0 allocates for all): the fewest any fits.
+        # A speculative draft loads after the target: its weights and cache are left room for.
+        draft = draft_footprint(engine.speculative_config, config, engine.block_size, dtype)
+        companion = draft and kv_cache.Companion(draft.weight_bytes, draft.block_bytes)
         self.num_blocks = tp.min_int(kv_cache.num_blocks(engine, config, dtype, device,
-                                                         max_model_len, kv_blocks_wanted, kv_heads))
+                                                         max_model_len, kv_blocks_wanted, kv_heads,
+                                                         companion))
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size,
                                                     dtype, device, kv_heads)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype,
