@@ -17,6 +17,7 @@ from baton.services.cli.engine_runner import sim_runner_for
 from baton.services.common.settings import add_settings_arguments, settings_from_args
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.parallel.sharding import ShardingError
+from baton.services.engine.speculation.config import SpeculativeConfigError
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.offline import run_requests
 from baton.services.openai.errors import ProtocolError
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     engine_config = settings_from_args(EngineConfig, args)
     try:
         engine = LLMEngine(engine_config, sim_runner=sim_runner_for(engine_config))
-    except ShardingError as e:
+    except (ShardingError, SpeculativeConfigError) as e:
+        # A model that cannot be split, or a draft or EAGLE head that cannot serve it.
         print(f"baton run-batch: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -108,13 +108,20 @@ def test_run_batch_with_a_head_equals_no_speculation(tiny_model_dirs, tmp_path, 
             == run_batch(model, tmp_path, prompts))
 
 
-def test_run_batch_refuses_a_head_of_another_hidden_size(tiny_model_dirs, tmp_path, capsys):
+@pytest.mark.parametrize("hidden, weights, message", [
+    (32, True, "has hidden_size 32, the target 64"),  # refused by the settings
+    (64, False, "has no weights"),  # refused where the head loads
+])
+def test_run_batch_refuses_a_head_that_cannot_serve(tiny_model_dirs, tmp_path, capsys, hidden,
+                                                      weights, message):
     target = tiny_model_dirs["llama"]
-    head = make_head(target, tmp_path / "head", False, hidden_size=32)
+    head = make_head(target, tmp_path / "head", False, hidden_size=hidden)
+    if not weights:
+        (head / WEIGHTS).unlink()
     src = tmp_path / "in.jsonl"
     src.write_text("")
     argv = ["run-batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), "--model",
             str(target), *FLAGS, "--speculative-config", spec(head, "eagle")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "has hidden_size 32, the target 64" in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err
