@@ -449,19 +449,32 @@ class Router:
         """Aggregate load per role, for the autoscaler (GetStats)."""
         with self._lock:
             now = self._clock()
-            pools = {}
-            for role in Role:
-                members = [w for w in self._workers.values() if w.role is role and w.is_alive(now)]
-                pools[role] = PoolStats(
-                    len(members), sum(w.queued_prefill_tokens() for w in members),
-                    sum(w.inflight_requests() for w in members),
-                    sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
-                    sum(w.is_saturated(now, self.limits) for w in members))
             live = [w for w in self._workers.values() if w.is_alive(now)]
+            pools = self._pools(live, now)
             served = served_model_stats(self.config.served_models(), live)
             return RouterStats(pools, len(self.admission.queue), len(self._leases),
                                self.config.model, served[0].max_model_len,
                                served[0].lora_adapters, served)
+
+    def pools_by_model(self) -> dict[str, dict[Role, PoolStats]]:
+        """stats()'s pools for each served model's workers alone: behind one router each model's
+        pools scale on their own load."""
+        with self._lock:
+            now = self._clock()
+            live = [w for w in self._workers.values() if w.is_alive(now)]
+            return {name: self._pools([w for w in live if w.model == name], now)
+                    for name in self.config.served_models()}
+
+    def _pools(self, live: list[WorkerState], now: float) -> dict[Role, PoolStats]:
+        pools = {}
+        for role in Role:
+            members = [w for w in live if w.role is role]
+            pools[role] = PoolStats(
+                len(members), sum(w.queued_prefill_tokens() for w in members),
+                sum(w.inflight_requests() for w in members),
+                sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
+                sum(w.is_saturated(now, self.limits) for w in members))
+        return pools
 
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:
