@@ -21,6 +21,7 @@ from baton.services.engine.parallel.sharding import ShardingError
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.lora.modules import LoRAError
 from baton.services.engine.offline import run_requests
+from baton.services.engine.speculation.config import SpeculativeConfigError
 from baton.services.openai.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     engine_config = settings_from_args(EngineConfig, args)
     try:
         engine = LLMEngine(engine_config, sim_runner=sim_runner_for(engine_config))
-    except (ShardingError, LoRAError) as e:  # a model it cannot split, an adapter it cannot take
+    except (ShardingError, LoRAError, SpeculativeConfigError) as e:
+        # A model it cannot split, an adapter it cannot take, a draft or EAGLE head that cannot
+        # serve it.
         print(f"baton run-batch: error: {e}", file=sys.stderr)
         return 2
     try:
