@@ -200,7 +200,8 @@ def build_draft_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     max_len = min(context_length(config), max_model_len)
     # Under tensor parallelism the draft runs whole on rank 0 alone (see the module's docstring).
     settings = engine.model_copy(update={"model": spec.model, "num_kv_blocks": blocks.num_blocks,
-                                         "kv_cache_memory_gib": None, "tensor_parallel_size": 1})
+                                         "kv_cache_memory_gib": None, "speculative_config": None,
+                                         "tensor_parallel_size": 1})
     try:
         with solo():
             runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)
