@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from collections.abc import Sequence
+
 from baton.operators import podspec
 from baton.operators import resources as r
+from baton.operators.members import (Member, gateway_models, router_block_size,
+                                     router_models)
 from baton.operators.model_source import model_mount
 from baton.operators.settings import OperatorSettings
 from baton.operators.state_store import state_store
@@ -33,24 +37,22 @@ def slos_arg(slos: list[Obj]) -> str:
     return ",".join(f"{s['priority']}={s['ttftMillis']}/{s['tpotMillis']}" for s in slos)
 
 
-def router_args(body: Obj, spec: Obj, settings: OperatorSettings) -> list[str]:
+def router_args(body: Obj, spec: Obj, settings: OperatorSettings,
+                members: Sequence[Member] = ()) -> list[str]:
     """The router finds workers through the EndpointSlices of the pools' Services, which carry the
-    role label."""
+    role label and the gateway label: its own pools' and its members' (each member's workers serve
+    the member's model, which the router routes too)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     args = [
         "router", "--host", "0.0.0.0", "--port",
         str(spec["router"]["port"]), "--metrics-port",
         str(settings.probe_port), "--kube-label-selector",
-        f"{r.LABEL_DEPLOYMENT}={name},{r.LABEL_ROLE}", "--kube-namespace", namespace, "--model",
-        served_model_name(name, spec["model"]), *POLICY_ARGS[spec["router"]["policy"]]
+        f"{r.LABEL_GATEWAY}={name},{r.LABEL_ROLE}", "--kube-namespace", namespace, "--model",
+        served_model_name(name, spec["model"]), *router_models(members),
+        *POLICY_ARGS[spec["router"]["policy"]]
     ]
-    # Prefix hashes are per block, so the router must cut prompts as the workers do.
-    sizes = {pool.get("engineArgs", {}).get("block-size")
-             for pool in spec["pools"].values()} - {None}
-    if sizes:
-        # engineArgs values are strings: compare them as numbers
-        args += ["--block-size", min(sizes, key=int)]
-    return args
+    size = router_block_size(spec)
+    return args + (["--block-size", size] if size else [])
 
 
 def _component(body: Obj, spec: Obj, component: str, box: Obj, pod: Obj,
@@ -90,11 +92,12 @@ def router_rbac(body: Obj) -> list[Obj]:
     }]
 
 
-def router_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
+def router_objects(body: Obj, spec: Obj, settings: OperatorSettings,
+                   members: Sequence[Member] = ()) -> list[Obj]:
     image = spec["image"].get("router") or settings.router_image
     ports = {"grpc": spec["router"]["port"], "http": settings.probe_port}
     box = podspec.container("router", image, spec["image"]["pullPolicy"],
-                            router_args(body, spec, settings), ports,
+                            router_args(body, spec, settings, members), ports,
                             spec["router"].get("resources", {}))
     # Only the router talks to the API server; its token is mounted here and nowhere else.
     pod = {
@@ -116,6 +119,8 @@ def gateway_args(body: Obj, spec: Obj, model_path: str, settings: OperatorSettin
         served_model_name(name, spec["model"]), "--slos",
         slos_arg(spec["slos"]), "--rate-limit-fail", spec["gateway"]["rateLimitFail"]
     ]
+    if spec["gateway"]["allowRuntimeLoraUpdating"]:
+        args.append("--allow-runtime-lora-updating")
     secret = spec["gateway"].get("apiKeysSecretRef")
     return args + ([f"--api-keys-file={KEYS_DIR}/{secret['key']}"] if secret else ["--no-auth"])
 
@@ -128,19 +133,22 @@ def rate_limit_store(gateway: Obj) -> list[Obj]:
         "name": secret["name"], "key": secret["key"]}}}] if secret else []
 
 
-def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
+def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings,
+                    members: Sequence[Member] = ()) -> list[Obj]:
     image = spec["image"].get("gateway") or settings.gateway_image
     source = model_mount(spec["model"], image, spec["image"]["pullPolicy"], tokenizer_only=True)
+    more = gateway_models(members, image, spec["image"]["pullPolicy"])
     state = state_store(spec["gateway"])
     box = podspec.container("gateway", image, spec["image"]["pullPolicy"],
-                            gateway_args(body, spec, source.path, settings) + state.args,
+                            gateway_args(body, spec, source.path, settings) + more.args +
+                            state.args,
                             {"http": spec["gateway"]["port"], "metrics": settings.probe_port},
                             spec["gateway"].get("resources", {}))
-    box["volumeMounts"] += source.mounts + state.mounts
+    box["volumeMounts"] += source.mounts + more.mounts + state.mounts
     box["env"] = source.env + rate_limit_store(spec["gateway"]) + state.env
-    pod: Obj = {"volumes": source.volumes + state.volumes}
-    if source.init_containers:
-        pod["initContainers"] = source.init_containers
+    pod: Obj = {"volumes": source.volumes + more.volumes + state.volumes}
+    if source.init_containers + more.init_containers:
+        pod["initContainers"] = source.init_containers + more.init_containers
     secret = spec["gateway"].get("apiKeysSecretRef")
     if secret:
         box["volumeMounts"].append({"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True})
@@ -153,25 +161,44 @@ def gateway_objects(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Ob
     return objects
 
 
-def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings) -> Obj:
+def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings,
+                front: Obj | None = None) -> Obj:
     """A WorkerPool carries everything its workers need, so that it reconciles without reading its
-    owner."""
+    owner. `front` is the BatonDeployment whose router and gateway serve the pool (a member's
+    primary, its spec defaulted; by default its own): the SLOs, drain timeout and router come from
+    it."""
     name = body["metadata"]["name"]
+    front = front or body
+    front_spec = front["spec"] if front is not body else spec
     pool = spec["pools"][role]
     fields = {k: v for k, v in pool.items() if k != "replicas"}
     replicas = pool.get("replicas", pool["minReplicas"])
-    labels = {**r.common_labels(name, f"{role}-pool"), r.LABEL_ROLE: role}
+    labels = {**r.common_labels(name, f"{role}-pool"), r.LABEL_ROLE: role,
+              r.LABEL_GATEWAY: front["metadata"]["name"]}
     return {"apiVersion": r.API_VERSION, "kind": r.POOL_KIND,
             "metadata": podspec.metadata(body, r.pool_name(name, role), labels),
             "spec": {"deployment": name, "role": role, "replicas": replicas, **fields,
-                     "model": spec["model"], "image": spec["image"], "slos": spec["slos"],
-                     "drainTimeoutSeconds": spec["router"]["drainTimeoutSeconds"],
-                     "routerUrl": router_url(name, settings),
+                     "model": spec["model"], "image": spec["image"], "slos": front_spec["slos"],
+                     "drainTimeoutSeconds": front_spec["router"]["drainTimeoutSeconds"],
+                     "routerUrl": router_url(front["metadata"]["name"], settings),
+                     "gateway": front["metadata"]["name"],
                      "serviceMonitor": spec["monitoring"]["serviceMonitor"]}}
 
 
-def all_children(body: Obj, spec: Obj, settings: OperatorSettings) -> list[Obj]:
-    """In creation order: workers first, then the router that places work on them, then the gateway
-    in front."""
-    pools = [worker_pool(body, spec, role, settings) for role in r.ROLES if role in spec["pools"]]
-    return [*pools, *router_objects(body, spec, settings), *gateway_objects(body, spec, settings)]
+def worker_pools(body: Obj, spec: Obj, settings: OperatorSettings,
+                 front: Obj | None = None) -> list[Obj]:
+    """A deployment's WorkerPools; all a member (served by `front`, its primary) gets."""
+    return [worker_pool(body, spec, role, settings, front) for role in r.ROLES
+            if role in spec["pools"]]
+
+
+def all_children(body: Obj, spec: Obj, settings: OperatorSettings,
+                 members: Sequence[Member] = ()) -> list[Obj]:
+    """In creation order: workers first (the members' too, owned by them, so that whichever of the
+    two reconciles first makes them), then the router that places work on them, then the gateway
+    in front; both also serve `members`' models."""
+    front = {**body, "spec": spec}
+    theirs = [pool for m in members for pool in worker_pools(m.body, m.spec, settings, front)]
+    return [*worker_pools(body, spec, settings), *theirs,
+            *router_objects(body, spec, settings, members),
+            *gateway_objects(body, spec, settings, members)]

@@ -56,12 +56,12 @@ def pool_placed(generation: int | None, previous: list[Obj] | None) -> list[Obj]
                       previous)]
 
 
-def unplaceable(reason: str, message: str, generation: int | None,
-                previous: list[Obj] | None) -> list[Obj]:
-    """A valid spec the cluster cannot run as it stands (e.g. an API it needs is not installed)."""
+def unplaceable(reason: str, message: str, generation: int | None, previous: list[Obj] | None,
+                progress: str = "retried until the cluster can place the pool") -> list[Obj]:
+    """A valid spec the cluster cannot run as it stands (e.g. an API it needs is not installed, a
+    gateway it names is missing)."""
     return [
         condition("Degraded", True, reason, message, generation, previous),
         condition("Ready", False, reason, message, generation, previous),
-        condition("Progressing", False, reason, "retried until the cluster can place the pool",
-                  generation, previous)
+        condition("Progressing", False, reason, progress, generation, previous)
     ]

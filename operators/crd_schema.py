@@ -121,7 +121,8 @@ def worker_fields() -> dict[str, Schema]:
         "tolerations": {"type": "array", "items": TOLERATION, "maxItems": 32},
         "engineArgs": {
             "type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 64,
-            "description": "Extra engine flags, name without dashes -> value",
+            "description": "Extra engine flags, name without dashes -> value; \"true\" and "
+                           "\"false\" turn a switch on or off (--enable-lora, --no-enable-lora)",
             "x-kubernetes-validations": [
                 rule("self.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
                      "engineArgs keys must be kebab-case flag names without leading dashes"),
@@ -214,12 +215,20 @@ def images() -> Schema:
         }, required=["worker"])
 
 
-def slos() -> Schema:
+# The SLOs of a deployment that names none (a BatonDeployment's are defaulted by the operator, as a
+# member behind another's gateway must leave them unset).
+DEFAULT_SLOS = [{"priority": 0, "ttftMillis": 2000, "tpotMillis": 100}]
+
+
+def slos(defaulted: bool = True) -> Schema:
+    default = {"default": DEFAULT_SLOS} if defaulted else {}
     return {
         "type": "array", "maxItems": 16, "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["priority"],
-        "description": "Latency targets per request priority",
-        "default": [{"priority": 0, "ttftMillis": 2000, "tpotMillis": 100}], "items": obj(
+        "description": "Latency targets per request priority" + (
+            "" if defaulted else " (default: priority 0 with ttftMillis 2000 and tpotMillis 100; "
+                                 "a member, see gatewayRef, takes its primary's)"),
+        **default, "items": obj(
             {
                 "priority": integer(
                     "Request priority (the gateway's `priority` field; higher is more "
@@ -252,37 +261,63 @@ SCALING: Schema = obj({
 })
 
 
-def deployment_spec() -> Schema:
+def router() -> Schema:
+    return service_component(
+        "router", 8001, "gRPC", policy=string(
+            "How requests are placed on workers: prefix-aware scores cached prefixes and load; "
+            "least-loaded only load", enum=["prefix-aware", "least-loaded"],
+            default="prefix-aware"),
+        drainTimeoutSeconds=integer(
+            "How long a worker may take to finish in-flight work before it stops", minimum=5,
+            maximum=3600, default=120))
+
+
+def gateway_ref() -> Schema:
     return obj(
-        {
-            "model": model(),
-            "image": images(),
-            "gateway": gateway(),
-            "router": service_component(
-                "router", 8001, "gRPC", policy=string(
-                    "How requests are placed on workers: prefix-aware scores cached prefixes and "
-                    "load; least-loaded only "
-                    "load", enum=["prefix-aware", "least-loaded"], default="prefix-aware"),
-                drainTimeoutSeconds=integer(
-                    "How long a worker may take to finish in-flight work before it stops",
-                    minimum=5, maximum=3600, default=120)),
-            "slos": slos(),
-            "pools": obj(
-                {role: pool()
-                 for role in r.ROLES}, anyOf=[{"required": ["mixed"]
-                                               }, {"required": ["prefill", "decode"]}],
-                description="Either a mixed pool, or prefill and decode pools (and "
-                            "optionally mixed)"
-            ),
-            "monitoring": obj(
-                {
-                    "serviceMonitor": {
-                        "type": "boolean", "default": True,
-                        "description": "Make ServiceMonitors when the Prometheus Operator's CRDs "
-                                       "exist"
-                    }
-                }, default={}),
-        }, required=["model", "image", "pools"])
+        {"name": string("The BatonDeployment (same namespace, itself without gatewayRef) whose "
+                        "gateway and router serve this one's model", minLength=1, maxLength=200,
+                        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")},
+        required=["name"],
+        description="Serve this model behind another BatonDeployment's gateway and router: only "
+                    "this one's worker pools are made, the router routes its model to them and "
+                    "the gateway lists it. gateway, router and slos are that deployment's")
+
+
+# A member's gateway, router and SLOs are its primary's, so none may be set on it. The three have
+# no schema default for this reason (a default would make `has()` always true); the operator
+# defaults them for a deployment without gatewayRef (spec.defaulted).
+MEMBER_RULE = rule(
+    "!has(self.gatewayRef) || (!has(self.gateway) && !has(self.router) && !has(self.slos))",
+    "a BatonDeployment with gatewayRef runs behind that deployment's gateway and router: set "
+    "gateway, router and slos there, not here")
+UNDEFAULTED = ("gateway", "router", "slos")
+
+
+def deployment_spec() -> Schema:
+    fields = {
+        "model": model(),
+        "image": images(),
+        "gatewayRef": gateway_ref(),
+        "gateway": gateway(),
+        "router": router(),
+        "slos": slos(defaulted=False),
+        "pools": obj(
+            {role: pool() for role in r.ROLES},
+            anyOf=[{"required": ["mixed"]}, {"required": ["prefill", "decode"]}],
+            description="Either a mixed pool, or prefill and decode pools (and optionally mixed)"),
+        "monitoring": obj(
+            {
+                "serviceMonitor": {
+                    "type": "boolean", "default": True,
+                    "description": "Make ServiceMonitors when the Prometheus Operator's CRDs "
+                                   "exist"
+                }
+            }, default={}),
+    }
+    for name in UNDEFAULTED:
+        fields[name] = {k: v for k, v in fields[name].items() if k != "default"}
+    return obj(fields, required=["model", "image", "pools"],
+               **{"x-kubernetes-validations": [MEMBER_RULE]})
 
 
 def deployment_status() -> Schema:
@@ -313,6 +348,10 @@ def pool_spec() -> Schema:
                                            minimum=5, maximum=3600, default=120),
             "routerUrl": string("The router this pool's workers are drained through",
                                 pattern=r"^https?://.+"),
+            "gateway": string(
+                "The BatonDeployment whose router places work on this pool (its own, or its "
+                "gatewayRef's); its Service carries it as the serving.baton.dev/gateway label the "
+                "router selects workers by; unset: deployment", minLength=1),
             "serviceMonitor": {
                 "type": "boolean", "default": True,
                 "description": "Make a ServiceMonitor if possible"

@@ -64,6 +64,12 @@ def gateway() -> Schema:
         stateStoreSecretRef=secret_url(
             "state store (postgresql://... for stored responses and usage records)",
             "--state-store", "BATON_STATE_STORE"),
-        stateStoreVolume=state_store_volume())
+        stateStoreVolume=state_store_volume(),
+        allowRuntimeLoraUpdating={
+            "type": "boolean", "default": False,
+            "description": "Let admin keys load and unload LoRA adapters at runtime "
+                           "(--allow-runtime-lora-updating: POST /v1/load_lora_adapter, "
+                           "/v1/unload_lora_adapter); the workers need LoRA on and the adapters' "
+                           "folders on a volume they all mount"})
     schema["x-kubernetes-validations"] = gateway_rules()
     return schema

@@ -18,12 +18,12 @@ from baton.operators import resources as r
 from baton.operators.autoscaler.gpu_seconds import GpuSeconds
 from baton.operators.autoscaler.loop import evaluate
 from baton.operators.autoscaler.signals import PrometheusSource, RouterStatsSource
-from baton.operators.children import all_children
 from baton.operators.kube import Kube, new_api_client
 from baton.operators.placement import (LWS_API_VERSION, LWS_KIND, other_workload_kind,
                                        workload_kind)
 from baton.operators.pools import pool_objects, selector_string
 from baton.operators.settings import OperatorSettings
+from baton.operators.sync import leave, sync_member, sync_primary
 from baton.operators.workers import pool_labels
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) ->
                                          if config.prometheus_url else
                                          RouterStatsSource(memo.session, config.router_stats_path))
     memo.states = {}
+    memo.front_locks = {}
     memo.gpu_seconds = GpuSeconds()
     memo.monitors = await memo.kube.served(f"{r.SERVICE_MONITOR_GROUP}/{r.SERVICE_MONITOR_VERSION}")
 
@@ -59,29 +60,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.session.close()
 
 
-async def sync_children(kube: Kube, body: Obj, spec: Obj, config: OperatorSettings) -> list[str]:
-    """Creates or patches every child; returns what changed (empty when all already matched)."""
-    changes = []
-    for child in all_children(body, spec, config):
-        keep = ("replicas",) if child["kind"] == r.POOL_KIND else ()
-        outcome = await kube.apply(child, keep_live=keep)
-        if outcome != "unchanged":
-            changes.append(f"{outcome} {child['kind']}/{child['metadata']['name']}")
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    for role in r.ROLES:
-        # A pool removed from the spec goes; looking first keeps a reconcile with nothing to do free
-        # of writes.
-        pool = r.pool_name(name, role)
-        if role not in spec["pools"] and await kube.get(r.POOL_KIND, namespace, pool) is not None:
-            await kube.delete(r.POOL_KIND, namespace, pool)
-            changes.append(f"deleted {r.POOL_KIND}/{pool}")
-    return changes
-
-
 async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.Status,
-                               patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+                               patch: kopf.Patch, memo: kopf.Memo, old: Any = None,
+                               **_: Any) -> None:
     obj = dict(body)
     spec = specs.defaulted(r.DEPLOYMENT_KIND, obj)
+    before = ((old or {}).get("spec") or {}).get("gatewayRef")
+    if before and before != spec.get("gatewayRef"):
+        # A member that moved to another gateway (or became a primary) leaves the one it was behind.
+        await leave(memo.kube, memo.front_locks, {**obj, "spec": old["spec"]}, memo.config)
     problems = specs.problems(r.DEPLOYMENT_KIND, spec)
     previous = status.get("conditions")
     if problems:
@@ -89,7 +76,19 @@ async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.St
                    {"conditions": conditions.invalid(problems, meta.get("generation"), previous)})
         kopf.warn(obj, reason="InvalidSpec", message="; ".join(problems))
         return
-    changes = await sync_children(memo.kube, obj, spec, memo.config)
+    if "gatewayRef" in spec:
+        joined = await sync_member(memo.kube, memo.front_locks, obj, spec, memo.config)
+        if joined.problems:
+            # Retried: its primary may appear, or the member whose model name it wants may go.
+            reason = "GatewayNotFound" if not joined.primary_found else "GatewayRefRejected"
+            message = "; ".join(joined.problems)
+            set_status(patch, status, {"conditions": conditions.unplaceable(
+                reason, message, meta.get("generation"), previous,
+                "retried until it can join its gateway")})
+            raise kopf.TemporaryError(message, delay=30)
+        changes = joined.changes
+    else:
+        changes = await sync_primary(memo.kube, memo.front_locks, obj, spec, memo.config)
     if changes:
         kopf.info(obj, reason="Reconciled", message=", ".join(changes))
     pools = {role: status.get("pools", {}).get(role, {}) for role in spec["pools"]}
@@ -101,7 +100,9 @@ async def reconcile_deployment(body: kopf.Body, meta: kopf.Meta, status: kopf.St
 
 
 async def delete_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Gateway first, so that no new request arrives at a router or pool that is going away."""
+    """Gateway first, so that no new request arrives at a router or pool that is going away (a
+    member's model leaves its primary's router and gateway before its pools go)."""
+    await leave(memo.kube, memo.front_locks, dict(body), memo.config)
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     for kind, child in [("Deployment", r.gateway_name(name)), ("Service", r.gateway_name(name)),
                         ("PodDisruptionBudget", r.gateway_name(name)),

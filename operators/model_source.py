@@ -41,31 +41,32 @@ def token_env(model: Obj) -> list[Obj]:
     }]
 
 
-def model_mount(model: Obj, image: str, pull_policy: str,
-                tokenizer_only: bool = False) -> ModelMount:
-    """The volumes, init container and env that put `model` at a local path in the pod."""
+def model_mount(model: Obj, image: str, pull_policy: str, tokenizer_only: bool = False,
+                slot: str = "") -> ModelMount:
+    """The volumes, init container and env that put `model` at a local path in the pod; `slot`
+    names a further model's volume, folder and init container apart (a gateway in front of
+    several)."""
     cache = {"name": "cache", "emptyDir": {}}
     env = [{"name": "HF_HOME", "value": CACHE_DIR}, *token_env(model)]
     cache_mount = {"name": "cache", "mountPath": CACHE_DIR}
+    volume_name, model_dir = f"model{slot}", f"{MODEL_DIR}{slot}"
+    mount = {"name": volume_name, "mountPath": model_dir, "readOnly": True}
     if "pvc" in model:
         volume = {
-            "name": "model",
+            "name": volume_name,
             "persistentVolumeClaim": {"claimName": model["pvc"]["claimName"], "readOnly": True}
         }
-        path = f"{MODEL_DIR}/{model['pvc']['path'].strip('/')}".rstrip("/")
-        return ModelMount(
-            path, [volume, cache],
-            [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}, cache_mount], env=env)
-    path = f"{MODEL_DIR}/{model['huggingFace'].replace('/', '--')}"
+        path = f"{model_dir}/{model['pvc']['path'].strip('/')}".rstrip("/")
+        return ModelMount(path, [volume, cache], [mount, cache_mount], env=env)
+    path = f"{model_dir}/{model['huggingFace'].replace('/', '--')}"
     patterns = ",".join(TOKENIZER_FILES) if tokenizer_only else ""
     fetch = {
-        "name": "fetch-model", "image": image, "imagePullPolicy": pull_policy, "command": [
+        "name": f"fetch-model{slot}", "image": image, "imagePullPolicy": pull_policy, "command": [
             "python", "-c", DOWNLOAD, model["huggingFace"],
             model.get("revision", ""), path, patterns
         ], "env": env, "securityContext": podspec.RESTRICTED_CONTAINER,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                         {"name": "model", "mountPath": MODEL_DIR}, cache_mount]
+                         {"name": volume_name, "mountPath": model_dir}, cache_mount]
     }
-    return ModelMount(path, [{"name": "model", "emptyDir": {}}, cache],
-                      [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}, cache_mount],
-                      [fetch], env)
+    return ModelMount(path, [{"name": volume_name, "emptyDir": {}}, cache],
+                      [mount, cache_mount], [fetch], env)

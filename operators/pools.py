@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.operators import podspec
+from baton.operators import resources as r
 from baton.operators.leaderworkerset import leader_worker_set
 from baton.operators.placement import LWS_WORKER_INDEX, spans_nodes
 from baton.operators.settings import OperatorSettings
@@ -37,9 +38,12 @@ def pool_objects(body: Obj, settings: OperatorSettings, monitors: bool) -> list[
     labels, selector = pool_labels(body)
     name = body["metadata"]["name"]
     serving = endpoint_selector(body)
+    # The router selects the Services' EndpointSlices (which copy the Service's labels) by the
+    # gateway label; the pods go without it, so that adding it restarts no worker.
+    gateway = {r.LABEL_GATEWAY: body["spec"].get("gateway") or body["spec"]["deployment"]}
     objects = [
         workload(body, settings),
-        podspec.service(podspec.metadata(body, name, labels), serving,
+        podspec.service(podspec.metadata(body, name, {**labels, **gateway}), serving,
                         {"grpc": settings.worker_port, "http": settings.probe_port}, headless=True),
         # Every pod of the pool: evicting any rank stops its whole group.
         podspec.disruption_budget(podspec.metadata(body, name, labels), selector)

@@ -24,6 +24,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_POOL = f"{GROUP}/pool"
 LABEL_ROLE = f"{GROUP}/role"
+# On a pool's Service (so on its EndpointSlices): the BatonDeployment whose router places work on
+# the pool, its own or its gatewayRef's. The router selects workers by it.
+LABEL_GATEWAY = f"{GROUP}/gateway"
 MANAGED_BY = "baton-operator"
 
 # The ReplicaSet controller removes the pods with the lowest cost first: drained pods get this one.

@@ -7,6 +7,7 @@ from typing import Any
 import jsonschema
 
 from baton.operators import crd_schema
+from baton.operators import resources as r
 from baton.operators.schema_checks import apply_defaults, rule_violations
 
 
@@ -14,7 +15,11 @@ def defaulted(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """The object's spec with the CRD's defaults filled in, as the API server would have stored
     it."""
     schema = crd_schema.open_api_schema(kind)["properties"]["spec"]
-    return apply_defaults(schema, dict(body.get("spec") or {}))
+    spec = dict(body.get("spec") or {})
+    if kind == r.DEPLOYMENT_KIND and "gatewayRef" not in spec:
+        # What the schema leaves undefaulted, so that its rule can tell a member that sets them.
+        spec = {"gateway": {}, "router": {}, "slos": crd_schema.DEFAULT_SLOS, **spec}
+    return apply_defaults(schema, spec)
 
 
 def problems(kind: str, spec: dict[str, Any]) -> list[str]:

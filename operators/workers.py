@@ -55,8 +55,16 @@ def worker_args(spec: Obj, settings: OperatorSettings, model_path: str) -> list[
         # Ranks on other nodes are Ray actors: the group's leader starts the Ray head.
         args += ["--distributed-executor-backend", "ray"]
     for flag, value in sorted(spec.get("engineArgs", {}).items()):
-        args += [f"--{flag}", value]
+        args += engine_flag(flag, value)
     return args
+
+
+def engine_flag(flag: str, value: str) -> list[str]:
+    """engineArgs values are strings; "true" and "false" are a switch's two forms (`--enable-lora`,
+    `--no-enable-lora`), which take no value."""
+    if value in ("true", "false"):
+        return [f"--{flag}" if value == "true" else f"--no-{flag}"]
+    return [f"--{flag}", value]
 
 
 def pod_resources(spec: Obj) -> Obj:

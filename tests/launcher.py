@@ -1,7 +1,8 @@
 """The one way tests start Baton services: real processes on loopback, each on free ports.
 
 - `start_stack`: the whole stack (workers, router, gateway), started as `baton serve` starts it.
-- `start_workers`: engine workers alone, one per role, for the worker tests.
+- `start_workers`: engine workers alone, one per role, for the worker tests; `launch_worker`: one
+  more, not yet ready (one that joins a running stack, say).
 - `launch_sim_worker` / `launch_router` / `launch_gateway`: single services started side by side,
   not yet ready (the caller waits), for the router service, tracing and migration tests;
   `sim_backend` and `gateway_on`: a sim worker and a router, ready, and gateways over them, for
@@ -233,6 +234,16 @@ def start_workers(model: Path, roles: Sequence[str], transport: str = "nixl",
         stop_all([w.service for w in workers])
         raise
     return workers
+
+
+def launch_worker(name: str, model: Path, *extra: str, role: str = "mixed") -> Worker:
+    """One engine worker, not yet ready, started apart from any stack (one that joins a running
+    stack's router with --router, say); its own transport is gRPC."""
+    metrics_port = free_port()
+    args = ["worker", "--role", role, "--host", "127.0.0.1", "--model", str(model), "--port",
+            str(free_port()), "--kv-port", str(free_port()), "--metrics-port", str(metrics_port),
+            "--kv-transport", "grpc", *extra]
+    return Worker(launch_service(name, args, env=ONE_THREAD), metrics_port)
 
 
 # -- routers and simulated workers ----------------------------------------------------------------

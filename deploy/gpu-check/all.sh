@@ -6,29 +6,35 @@
 #   run(command="bash deploy/gpu-check/all.sh", carry=[".gpu"], timeout_s=560)
 # GPU_CHECK_BUDGET_S (default 480) bounds the whole call; GPU_CHECK_STEPS picks steps (default: all, in order).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
+# Only a few files come back from $OUT: every figure goes to /tmp/results, packed into $OUT/results.tgz after
+# each step, beside summary.txt.
+FINAL_OUT=${OUT:-/tmp/out}
+OUT=/tmp/results
 SITE=/tmp/site
 MODEL=/tmp/8b
 BUDGET=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-"kernels decode kv handoff throughput wave"}
+STEPS=${GPU_CHECK_STEPS:-"kernels decode kv tiers handoff throughput wave"}
 START=$SECONDS
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$FINAL_OUT"
 export PYTHONUNBUFFERED=1
 
-log() { echo "[$((SECONDS - START))s] $*" | tee -a "$OUT/summary.txt"; }
+log() { echo "[$((SECONDS - START))s] $*" | tee -a "$FINAL_OUT/summary.txt"; }
+pack() { tar czf "$FINAL_OUT/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; }
 left() { echo $((BUDGET - (SECONDS - START))); }
 baton() { python3 -m baton.services.cli.main --log-level WARNING "$@"; }
 
 setup() {
   python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu/whl/*.whl
-  tar xzf .gpu/nixl.tgz -C "$SITE"
+  tar xJf .gpu/nixl.txz -C "$SITE"
   export PYTHONPATH=$SITE
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee "$OUT/setup.txt"
 }
 
-make_model() { [ -f "$MODEL/config.json" ] || python3 .gpu/make8b.py "$MODEL" > "$OUT/make8b.txt" 2>&1; }
+make_model() {
+  [ -f "$MODEL/config.json" ] || python3 deploy/gpu-check/make8b.py "$MODEL" > "$OUT/make8b.txt" 2>&1
+}
 
 # step: kernels compiled against their float64 references; CUDA graphs token-exact against eager
 kernels() {
@@ -48,19 +54,29 @@ decode() {
   done
 }
 
-# step: KV reads between two processes' CUDA caches, cuda_ipc and NIXL
+# step: KV reads between two processes' CUDA caches, cuda_ipc and NIXL. NIXL moved VRAM at 0.09 GB/s
+# on 2026-11-28 (UCX fell back to copying over TCP), so it reads less, and UCX_PROTO_INFO shows which
+# transport UCX chose for the VRAM.
 kv() {
-  for kind in cuda_ipc nixl; do
-    baton bench kv-transfer --device cuda --layout llama-8b --sizes 16 256 1024 --repeats 5 \
-      --transports "$kind" --blocks consecutive --output-json "$OUT/kv_$kind.json" \
-      > "$OUT/kv_$kind.txt" 2>&1
-    tail -5 "$OUT/kv_$kind.txt"
-  done
+  baton bench kv-transfer --device cuda --layout llama-8b --sizes 16 256 1024 --repeats 5 \
+    --transports cuda_ipc --blocks consecutive --output-json "$OUT/kv_cuda_ipc.json" \
+    > "$OUT/kv_cuda_ipc.txt" 2>&1
+  tail -5 "$OUT/kv_cuda_ipc.txt"
+  UCX_PROTO_INFO=y timeout 120 bash -c "$(declare -f baton); baton bench kv-transfer --device cuda \
+    --layout llama-8b --sizes 16 256 --repeats 3 --transports nixl --blocks consecutive \
+    --output-json $OUT/kv_nixl.json" > "$OUT/kv_nixl.txt" 2>&1
+  grep -v "NIXL INFO" "$OUT/kv_nixl.txt" | tail -5
+}
+
+# step: host-tier KV stores and loads through the engine's copier, 2k-token prompts, 8B shape
+tiers() {
+  timeout 90 python3 docs/gpu/tier_load_speed.py "$OUT/tiers.json" > "$OUT/tiers.txt" 2>&1
+  tail -3 "$OUT/tiers.txt"
 }
 
 # step: the disaggregated stack on one GPU, token for token against colocated
 handoff() {
-  python3 -m pytest -q -p no:cacheprovider -s tests/worker/test_kv_transfer_gpu.py \
+  python3 -m pytest -q -p no:cacheprovider -s -rA --timeout 150 tests/worker/test_kv_transfer_gpu.py \
     tests/gateway/test_disaggregated_gpu.py > "$OUT/handoff.txt" 2>&1
   tail -5 "$OUT/handoff.txt"
 }
@@ -90,9 +106,10 @@ wave() {
 }
 
 # the usual seconds each step takes on an H100 (measured or estimated from its parts)
-declare -A COST=([kernels]=120 [decode]=150 [kv]=90 [handoff]=120 [throughput]=150 [wave]=360)
+declare -A COST=([kernels]=120 [decode]=150 [kv]=90 [tiers]=40 [handoff]=120 [throughput]=150
+                 [wave]=360)
 
-log "setup"; setup
+log "setup"; setup; pack
 for step in $STEPS; do
   if [ "$(left)" -lt "${COST[$step]}" ]; then
     log "skip $step: ${COST[$step]} s needed, $(left) s left"
@@ -100,7 +117,9 @@ for step in $STEPS; do
   fi
   log "start $step"
   timeout "$(left)" bash -c "$(declare -f log left baton make_model "$step"); \
-    OUT=$OUT MODEL=$MODEL START=$START BUDGET=$BUDGET; $step" 2>&1 | tee -a "$OUT/summary.txt"
+    OUT=$OUT FINAL_OUT=$FINAL_OUT MODEL=$MODEL START=$START BUDGET=$BUDGET; $step" 2>&1 \
+    | tee -a "$FINAL_OUT/summary.txt"
   log "end $step: exit ${PIPESTATUS[0]}"
+  pack
 done
 log "done"

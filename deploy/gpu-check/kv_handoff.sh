@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 setup() {
   if [ ! -d "$SITE/baton" ]; then
     python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu/whl/*.whl
-    tar xzf .gpu/nixl.tgz -C "$SITE"
+    tar xJf .gpu/nixl.txz -C "$SITE"
   fi
   export PYTHONPATH=$SITE
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
@@ -47,7 +47,7 @@ tests() {
 }
 
 make_model() {
-  [ -f "$MODEL/config.json" ] || python3 .gpu/make8b.py "$MODEL" > "$OUT/make8b.txt" 2>&1
+  [ -f "$MODEL/config.json" ] || python3 deploy/gpu-check/make8b.py "$MODEL" > "$OUT/make8b.txt" 2>&1
 }
 
 exact() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fills the ignored .gpu/ folder that the device machine's one call needs (issue 32; docs/gpu-checks.md):
 # wheels of the Python packages the GPU machine lacks, pinned to this .venv's versions, Baton's own wheel
-# built from the working tree, NIXL for CUDA 13 cut to its UCX backend, and the 8B-shaped checkpoint maker.
+# built from the working tree, NIXL for CUDA 13 cut to its UCX backend.
 # Run from the repository root after the last code change (about 2 minutes); then, on the device:
 #   run(command="bash deploy/gpu-check/all.sh", carry=[".gpu"], timeout_s=560)
 set -euo pipefail
@@ -17,12 +17,13 @@ trap 'rm -rf "$tmp"' EXIT
 
 # the device machine has torch, triton, transformers' needs and pytest; these it lacks or has too old
 wanted='pydantic|pydantic.core|pydantic.settings|typing.inspection|annotated.types|annotated.doc|'
-wanted+='python.dotenv|fastapi|starlette|uvicorn|httpx|httpcore|h11|anyio|sniffio|openai|distro|jiter|'
+wanted+='python.dotenv|fastapi|starlette|uvicorn|httpx|httpcore|httpx2|httpcore2|truststore|idna|h11|'
+wanted+='anyio|sniffio|openai|distro|jiter|'
 wanted+='grpcio|grpcio.health.checking|opentelemetry.api|opentelemetry.sdk|'
 wanted+='opentelemetry.semantic.conventions|psutil|pytest.timeout|pytest.asyncio|transformers|tokenizers|'
 wanted+='safetensors|huggingface.hub|protobuf|typing.extensions|click|llguidance|jsonschema|'
 wanted+='jsonschema.specifications|referencing|rpds.py|attrs|pyyaml|peft|redis|sqlalchemy|alembic|'
-wanted+='mako|aiosqlite|asyncpg|greenlet'
+wanted+='mako|aiosqlite|greenlet'  # no asyncpg: the GPU checks keep state in SQLite
 pins=$("$PY" -m pip freeze 2>/dev/null | grep -iE "^($wanted)==" || true)
 platform=(--python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
           --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64
@@ -36,8 +37,7 @@ platform=(--python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi
 (cd "$tmp" && unzip -q nixl_cu13-*.whl && rm nixl_cu13-*.whl \
   && rm -rf ./*.dist-info ./*.data nixl_cu13.scripts \
   && "$PY" "$R/deploy/gpu-check/prune_nixl.py" . nixl_cu13 > /dev/null \
-  && tar czf "$R/.gpu/nixl.tgz" .nixl_cu13.mesonpy.libs nixl_cu13 nixl_cu13.libs)
-cp "$R/../shared/gpu/make8b.py" .gpu/
+  && XZ_OPT=-9 tar cJf "$R/.gpu/nixl.txz" .nixl_cu13.mesonpy.libs nixl_cu13 nixl_cu13.libs)
 du -sh .gpu
 size=$(du -sm .gpu | cut -f1)
 [ "$size" -lt 60 ] || { echo "prepare.sh: .gpu is ${size} MiB, over the 64 MiB carry with the tree" >&2; exit 1; }

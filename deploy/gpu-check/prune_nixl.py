@@ -24,12 +24,14 @@ def prune(root: Path, name: str) -> list[Path]:
     """Removes what the UCX backend does not need under `root`; returns what it removed."""
     core, bundled = root / f".{name}.mesonpy.libs", root / f"{name}.libs"
     removed = [p for p in (root / name.replace("nixl_", "nixl_ep_"),) if p.exists()]
-    removed += [p for p in (core / "plugins").glob("*.so") if p.name != "libplugin_UCX.so"]
+    plugin_dirs = (core / "plugins", bundled / "nixl")  # where each NIXL release puts them
+    removed += [p for d in plugin_dirs for p in d.glob("*.so") if p.name != "libplugin_UCX.so"]
+    removed += list((bundled / "ucx").glob("libucx_perftest*"))
     for path in removed:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     roots = [
-        *root.joinpath(name).glob("*.so"), *core.glob("*.so*"), *(core / "plugins").glob("*.so"),
-        *(bundled / "ucx").glob("*.so*")
+        *root.joinpath(name).glob("*.so"), *core.glob("*.so*"),
+        *(p for d in plugin_dirs for p in d.glob("*.so")), *(bundled / "ucx").glob("*.so*")
     ]
     by_name = {p.name: p for p in bundled.glob("*.so*")} | {p.name: p for p in core.glob("*.so*")}
     keep, todo = set(), list(roots)

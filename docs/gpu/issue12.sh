@@ -12,14 +12,14 @@ case "$1" in
     python3 docs/gpu/decode_attention_speed.py $OUT/decode_attention.json
     ;;
   decode)
-    python3 .gpu/make8b.py $M > /dev/null
+    python3 deploy/gpu-check/make8b.py $M > /dev/null
     for g in on off; do
       python3 -m baton.services.cli.main bench decode-step --model $M --batch-sizes 1,32,128 --context 2048 \
         --graphs $g --max-num-seqs 128 --output-json $OUT/decode_step_graphs_$g.json 2>&1 | grep -v " INFO "
     done
     ;;
   throughput)
-    python3 .gpu/make8b.py $M > /dev/null
+    python3 deploy/gpu-check/make8b.py $M > /dev/null
     python3 docs/gpu/graphs_token_exact.py $M $OUT/token_exact.json 2>&1 | grep -v " INFO "
     for g in "" "--enforce-eager"; do
       python3 -m baton.services.cli.main bench throughput --model $M --num-prompts 512 --input-len 128 \

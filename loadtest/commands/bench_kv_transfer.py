@@ -155,6 +155,9 @@ def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor,
     peer = source.peers[transport.name]
     # so the check below cannot pass on an earlier transport's bytes
     byte_view(local)[:, local_blocks] = 0
+    if local.is_cuda:
+        # NIXL writes through its own engine, outside torch's streams
+        torch.cuda.synchronize(local.device)
     result = transport.read(peer, remote_blocks, local_blocks, f"bench-{n}-check".encode(),
                             args.timeout)
     verified = blocks_digest(local, local_blocks) == source.digest(remote_blocks)

@@ -15,7 +15,7 @@ from baton.operators.autoscaler.policy import (Decision, PoolState, Policy, Sign
 from baton.operators.autoscaler.signals import PoolRef, SignalSource
 from baton.operators.kube import Kube
 from baton.operators.placement import LWS_GROUP_INDEX, gpus_per_replica, workload_kind
-from baton.operators.workers import pool_labels
+from baton.operators.workers import pool_labels, served_model_name
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -61,7 +61,7 @@ async def fetch_signals(source: SignalSource, body: Obj) -> Signals:
     spec = body["spec"]
     meta = body["metadata"]
     ref = PoolRef(meta["namespace"], meta["name"], spec["deployment"], spec.get("routerUrl", ""),
-                  spec["role"])
+                  spec["role"], served_model_name(spec["deployment"], spec["model"]))
     try:
         return await source.fetch(ref)
     # Any failure of a signal source means "no signals", never a crash.

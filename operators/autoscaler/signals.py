@@ -6,8 +6,10 @@ baton.services.router.server.stats_json) answers
     {"pools": {"prefill": {"workers": 2, "queued_prefill_tokens": 900, "inflight_requests": 7,
                            "mean_kv_utilization": 0.4, "saturated": 0},
                "decode": {...}, "mixed": {...}},
+     "models": {"qwen": {"pools": {...}}, "coder": {"pools": {...}}},
      "queued_requests": 3, "leases": 12}
-A router serves one BatonDeployment, so a pool is found by its role. Only the load signals the
+A pool is found by its model (a router serves a BatonDeployment and its gatewayRef members, and
+`pools` sums their models) and its role. Only the load signals the
 router knows come from it (KV usage, running and waiting requests); the rate and latency signals
 need Prometheus.
 """
@@ -54,6 +56,9 @@ class PoolRef:
     deployment: str
     router_url: str
     role: str
+    # The served model name its workers serve: a router in front of several models reports each
+    # one's pools apart.
+    model: str = ""
 
 
 class SignalSource(Protocol):
@@ -72,14 +77,16 @@ class RouterStatsSource:
         async with self.session.get(pool.router_url.rstrip("/") + self.path) as response:
             response.raise_for_status()
             stats = await response.json()
-        return router_signals(stats, pool.role)
+        return router_signals(stats, pool.role, pool.model)
 
 
-def router_signals(stats: dict[str, Any], role: str) -> Signals:
-    """The router's /stats JSON -> the role's Signals. Requests the router holds count as waiting
-    for every pool: a queued request waits for whichever pool lacks room, and a pool at zero
-    replicas must wake for them."""
-    pool = stats.get("pools", {}).get(role)
+def router_signals(stats: dict[str, Any], role: str, model: str = "") -> Signals:
+    """The router's /stats JSON -> the role's Signals, from the model's own pools where the router
+    reports them (several models behind it), else from the sum. Requests the router holds count as
+    waiting for every pool: a queued request waits for whichever pool lacks room, and a pool at
+    zero replicas must wake for them."""
+    pools = stats.get("models", {}).get(model, {}).get("pools") or stats.get("pools", {})
+    pool = pools.get(role)
     if pool is None:
         return Signals()
     return signals_from({"kv_cache_usage": pool.get("mean_kv_utilization"),

@@ -135,7 +135,9 @@ CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
 }
 
 
-def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+def train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer of exactly vocab_size tokens with the tiny models' chat
+    template (deterministic: the same size always gives the same tokenizer)."""
     assets = resources.files("baton.services.checkpoints").joinpath("assets")
     corpus = assets.joinpath("tiny_corpus.txt").read_text(encoding="utf-8")
     tok = Tokenizer(models.BPE())
@@ -167,7 +169,7 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec) -> Path:
     """Write a random checkpoint to `out_dir`; the same spec always gives byte-identical files."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(spec.vocab_size)
+    tokenizer = train_tokenizer(spec.vocab_size)
     tokenizer.model_max_length = spec.max_position_embeddings
     eos_id = tokenizer.eos_token_id
     config = _config(spec, eos_id)

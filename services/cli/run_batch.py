@@ -2,7 +2,8 @@
 
 Input lines are OpenAI batch requests ({"custom_id", "method", "url", "body"}); output lines are
 OpenAI batch results in input order. A line that cannot be served gets a 400 result of its own and
-the others go on.
+the others go on. With LoRA adapters (vLLM's --enable-lora, --lora-modules name=path ...,
+--max-loras, --max-lora-rank) a line's `model` may name one.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from baton.services.common.settings import add_settings_arguments, settings_from
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.parallel.sharding import ShardingError
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.lora.modules import LoRAError
 from baton.services.engine.offline import run_requests
+from baton.services.engine.speculation.config import SpeculativeConfigError
 from baton.services.openai.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -29,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run-batch", help="run an OpenAI batch file (JSONL) offline",
         description="Serve every line of an OpenAI batch input file (/v1/completions and "
                     "/v1/chat/completions) with one engine and write the batch output file, one "
-                    "line per input line, in order.")
+                    "line per input line, in order. A line's `model` may name a LoRA adapter "
+                    "given with --lora-modules.")
     parser.add_argument("-i", "--input-file", required=True, help="OpenAI batch input file (JSONL)")
     parser.add_argument("-o", "--output-file", required=True,
                         help="where to write the batch output (JSONL)")
@@ -97,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     engine_config = settings_from_args(EngineConfig, args)
     try:
         engine = LLMEngine(engine_config, sim_runner=sim_runner_for(engine_config))
-    except ShardingError as e:
+    except (ShardingError, LoRAError, SpeculativeConfigError) as e:
+        # A model it cannot split, an adapter it cannot take, a draft or EAGLE head that cannot
+        # serve it.
         print(f"baton run-batch: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -86,10 +86,12 @@ class EngineConfig(BatonSettings):
     speculative_config: str | None = Field(
         None,
         description="Speculative decoding, as vLLM's JSON: method ngram with "
-                    "num_speculative_tokens (1-16) and prompt_lookup_min/max, or method "
-                    "draft_model with model (a checkpoint sharing the target's vocabulary) and "
-                    "num_speculative_tokens; either with disable_by_batch_size (a step with "
-                    "more sequences does not speculate); other methods and keys are refused")
+                    "num_speculative_tokens (1-16) and prompt_lookup_min/max, method "
+                    "draft_model with model (a checkpoint sharing the target's vocabulary), or "
+                    "method eagle / eagle3 with model (an EAGLE head's folder in its published "
+                    "format), each with num_speculative_tokens; all with disable_by_batch_size "
+                    "(a step with more sequences does not speculate); other methods and keys "
+                    "are refused")
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, json_schema_extra={"flag_aliases": ["-tp"]},
         description="Ranks the model is sharded over (Megatron-style), one process per rank; on "
@@ -163,7 +165,7 @@ class EngineConfig(BatonSettings):
         # A target that is not a readable checkpoint is reported where the model loads.
         if spec is not None and self.model is not None and (
                 Path(self.model) / "config.json").is_file():
-            check_draft_vocab(spec, load_config(self.model).vocab_size)
+            check_draft_vocab(spec, load_config(self.model))
         return self
 
     @field_validator("speculative_config")

@@ -29,6 +29,7 @@ from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import (SpeculativeConfig, check_draft_vocab,
                                                       parse_speculative_config)
 from baton.services.engine.speculation.draft_model import build_draft_proposer
+from baton.services.engine.speculation.eagle import build_eagle_proposer
 from baton.services.engine.speculation.ngram import NgramProposer
 from baton.services.engine.speculation.proposer import Proposer
 from baton.services.engine.speculation.speculator import Speculator
@@ -158,7 +159,10 @@ class LLMEngine:
     def _proposer(self, spec: SpeculativeConfig) -> Proposer:
         if spec.method == "ngram":
             return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        check_draft_vocab(spec, self.model_config.vocab_size)
+        if spec.method in ("eagle", "eagle3"):
+            return build_eagle_proposer(self.config, spec, self.blocks, self.runner, self.dtype,
+                                        self.max_model_len)
+        check_draft_vocab(spec, self.model_config)
         return build_draft_proposer(self.config, spec, self.blocks, self.dtype, self.device,
                                     self.max_model_len)
 
@@ -198,7 +202,7 @@ class LLMEngine:
         leading ones the local prefix cache holds (and those its KV tiers hold, being loaded) need
         no transfer; None when the cache or the batch has no room now. Raises ValueError like
         submit."""
-        seq = self.intake.admit(request)
+        seq = self.intake.admit(request, prefilled=True)
         hits = self.blocks.cached_prefix(seq, keep_last=False)
         if (len(self.scheduler.running) >= self.config.max_num_seqs
                 or not self.blocks.can_admit(hits, seq.num_tokens)

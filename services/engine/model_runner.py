@@ -3,6 +3,7 @@ sample."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
 
@@ -25,8 +26,13 @@ from baton.services.engine.parallel.state import get_tp_group
 from baton.services.engine.parallel.step_sync import MirrorItem, StepEncoder
 from baton.services.engine.prompt_logprobs import score_prompts, scoring_plan
 from baton.services.engine.scheduler import ScheduledSeq
+from baton.services.engine.speculation.footprint import draft_footprint
 
 log = logging.getLogger(__name__)
+
+# What an EAGLE proposer is handed after each forward pass: the packed items and each position's
+# hidden states, in the same order (rows of [positions, hidden * layers]).
+HiddenSink = Callable[[list[ScheduledSeq], torch.Tensor], None]
 
 
 def _block_table(tables: list[list[int]]) -> torch.Tensor:
@@ -53,6 +59,7 @@ class ModelRunner:
             backend = "triton" if device.type == "cuda" else "torch"
         self.executor: Executor | None = None
         self.encoder: StepEncoder | None = None
+        self.hidden_sink: HiddenSink | None = None
         tp_size = engine.tensor_parallel_size
         check_splits(config, tp_size)
         if tp_size > 1 and not follower:
@@ -82,8 +89,12 @@ class ModelRunner:
             if self.executor is not None:
                 self.lora.replicas = LoRAReplicas(self.executor.send)
         # Every rank's cache has the same blocks (rank 0 allocates for all): the fewest any fits.
+        # A speculative draft loads after the target: its weights and cache are left room for.
+        draft = draft_footprint(engine.speculative_config, config, engine.block_size, dtype)
+        companion = draft and kv_cache.Companion(draft.weight_bytes, draft.block_bytes)
         self.num_blocks = tp.min_int(kv_cache.num_blocks(engine, config, dtype, device,
-                                                         max_model_len, kv_blocks_wanted, kv_heads))
+                                                         max_model_len, kv_blocks_wanted, kv_heads,
+                                                         companion))
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size,
                                                     dtype, device, kv_heads)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype,
@@ -116,6 +127,13 @@ class ModelRunner:
     def kv_cache(self) -> torch.Tensor:
         return self.attention.kv_cache
 
+    def capture_hidden(self, layers: tuple[int, ...] | None, sink: HiddenSink) -> None:
+        """After every forward pass, hands sink the hidden states of every position: the inputs
+        of `layers`, side by side, or with None the final (normed) ones the lm_head reads. Decode
+        steps then run eagerly: the captured graphs keep no hidden states."""
+        self.model.capture_layers = layers or ()
+        self.hidden_sink = sink
+
     def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
         """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden
         states."""
@@ -130,7 +148,7 @@ class ModelRunner:
         asked for prompt logprobs get this step's share appended."""
         if self.lora is not None:
             self.lora.indices = None
-        if self.graphs is not None and self._graphable(scheduled):
+        if self.graphs is not None and self.hidden_sink is None and self._graphable(scheduled):
             hidden = self.graphs.run(_decode_batch(scheduled, self.block_size))
             keep = [i for i, s in enumerate(scheduled) if s.samples]
             rows = hidden if len(keep) == len(scheduled) else hidden[keep]
@@ -145,6 +163,8 @@ class ModelRunner:
             self.executor.send(self.encoder.encode(packed, rows))
         ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
+        if self.hidden_sink is not None:
+            self.hidden_sink(packed, self.model.captured if self.model.capture_layers else hidden)
         if plan:
             score_prompts(packed, hidden, self.model.compute_logits, plan)
         keep = [i for i, s in enumerate(packed) if s.samples]

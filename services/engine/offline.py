@@ -1,6 +1,8 @@
 """Offline serving of OpenAI-shaped requests: all of them go to one engine at once and run to
 completion together, so continuous batching packs them; a request with n > 1 is n engine
-requests."""
+requests. A request whose `model` names one of the engine's LoRA adapters (--lora-modules) runs
+under it, in the same batches as the others, and its response names the adapter; any other
+`model` is the base model."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +25,7 @@ class _Submitted:
     request: OpenAIRequest
     response_id: str
     engine_ids: list[str]
+    model: str  # what the response names: the adapter, or the base model
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
 
 
@@ -35,17 +38,26 @@ def _submit(engine: LLMEngine, url: str, body: Any) -> _Submitted:
                           engine.config.max_logprobs, engine.model_config.vocab_size)
     response_id = new_response_id(request)
     engine_ids = [f"{response_id}-{i}" for i in range(inp.choices)]
+    lora_name = _adapter(engine, request.model)
     try:
         for i, engine_id in enumerate(engine_ids):
             engine.add_request(engine_id, inp.prompt_of(i), inp.params.for_choice(i),
-                               priority=inp.priority, cache_salt=inp.cache_salt)
+                               priority=inp.priority, cache_salt=inp.cache_salt,
+                               lora_name=lora_name)
     except ValueError as e:
         # The engine refuses what it can never serve (e.g. more KV than it holds); drop the choices
         # already in.
         for engine_id in engine_ids:
             engine.abort_request(engine_id)
         raise ProtocolError(str(e)) from None
-    return _Submitted(request, response_id, engine_ids)
+    return _Submitted(request, response_id, engine_ids, lora_name or engine.model_id)
+
+
+def _adapter(engine: LLMEngine, model: str | None) -> str | None:
+    """The LoRA adapter a request's `model` names, None for the base model."""
+    if engine.lora is None or model is None or model not in engine.lora.modules:
+        return None
+    return model
 
 
 def run_requests(engine: LLMEngine,
@@ -76,5 +88,5 @@ def _response(engine: LLMEngine, submitted: _Submitted) -> dict[str, Any]:
     choices = [Choice.of(submitted.outputs[engine_id], i)
                for i, engine_id in enumerate(submitted.engine_ids)]
     parser = parser_for_model("auto", engine.model_config.model_type, engine.tokenizer)
-    return build_response(submitted.request, choices, engine.tokenizer, engine.model_id,
+    return build_response(submitted.request, choices, engine.tokenizer, submitted.model,
                           submitted.response_id, parser)

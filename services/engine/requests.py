@@ -55,19 +55,20 @@ class RequestIntake:
         self.grammars: GrammarCache | None = None
         self.masks: MaskBuilder | None = None
 
-    def admit(self, request: EngineRequest,
-              output_token_ids: list[int] | None = None) -> Sequence:
+    def admit(self, request: EngineRequest, output_token_ids: list[int] | None = None,
+              prefilled: bool = False) -> Sequence:
         """A new Sequence for request, now in flight. Raises ValueError with a client-facing
         message when the request can never be served.
 
         output_token_ids: tokens already generated (and streamed) elsewhere; generation continues
-        after them."""
+        after them. prefilled: the decode side of a hand-off. Either way another worker admitted
+        the request first, so an adapter unloaded since still serves it."""
         request_id, prompt, params = request.request_id, request.prompt_token_ids, request.params
         if request_id in self.seqs or self.handoffs.held(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in flight")
         params.validate(self.config.max_logprobs)
         self._check_engine_params(params)
-        self._check_lora(request.lora_name)
+        self._check_lora(request.lora_name, prefilled or bool(output_token_ids))
         outputs = list(output_token_ids or ())
         if len(outputs) >= params.max_tokens:
             raise ValueError(f"the request already has {len(outputs)} output tokens of max_tokens "
@@ -106,12 +107,12 @@ class RequestIntake:
         state.replay(outputs)
         return state
 
-    def _check_lora(self, name: str | None) -> None:
+    def _check_lora(self, name: str | None, admitted_elsewhere: bool) -> None:
         if name is None:
             return
         if self.lora is None:
             raise LoRANotFound(f"the LoRA adapter {name!r} is not served here (LoRA is off)")
-        self.lora.check(name)
+        self.lora.check(name, admitted_elsewhere)
 
     def _check_engine_params(self, params: SamplingParams) -> None:
         vocab = self.vocab_size

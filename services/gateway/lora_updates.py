@@ -4,9 +4,11 @@ every worker serving the adapter's base model: the router lists the workers and 
 it calls workers for requests.
 
 A load is all or nothing: when a worker refuses it, the workers that took it unload it again and
-the client gets the refusal. A worker that already serves the name while the others take it (it
-was loaded before another worker joined) counts as done, so repeating a load brings new workers up
-to date. An unload succeeds when any worker served the adapter; it is a 404 when none did.
+the client gets the refusal. A worker that already serves the name while the others take it counts
+as done. Once the workers have it, the router records it as the fleet's desired state
+(SetRuntimeLoRA; services/router/runtime_loras.py) and loads it onto workers that join later; an
+unload tells the router first, so it loads it nowhere again. An unload succeeds when any worker
+served the adapter; it is a 404 when none did.
 
 The base model's list of adapters (what `model` may name, /v1/models) changes at once; the router's
 view follows with the workers' next stats. Until it agrees, the change is kept over what the router
@@ -72,48 +74,67 @@ class LoRAUpdates:
             message = worker_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
             results = await self._each_worker(
                 model.name, lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
-            took = [address for address, r in results.items() if not isinstance(r, Exception)]
-            errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)]
+            took = [w for w, r in results if not isinstance(r, Exception)]
+            errors = [r for _, r in results if isinstance(r, grpc.aio.AioRpcError)]
             if errors and not (took and all(e.code() == grpc.StatusCode.ALREADY_EXISTS
                                             for e in errors)):
-                await self._roll_back(request_id, name, took)
+                await self._roll_back(request_id, name, [w.address for w in took])
                 raise _failure(errors[0], "worker")
+            # every worker listed serves it now; the router brings later ones up to date
+            try:
+                await self._tell_router(model.name, name, path, [w.worker_id for w, _ in results])
+            except UpdateFailed:
+                await self._roll_back(request_id, name, [w.address for w in took])
+                raise
             _pending(model, name, present=True)
 
     async def unload(self, model: ServedModel, name: str) -> int:
         """Returns the requests still finishing under the adapter. Raises UpdateFailed."""
         async with self._lock:
+            # first, so the router loads it onto no worker again
+            await self._tell_router(model.name, name, "", [])
             message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)
             results = await self._each_worker(
                 model.name, lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
-            done = [r for r in results.values() if not isinstance(r, Exception)]
+            done = [r for _, r in results if not isinstance(r, Exception)]
             if done:
                 _pending(model, name, present=False)
-            errors = [r for r in results.values() if isinstance(r, grpc.aio.AioRpcError)
+            errors = [r for _, r in results if isinstance(r, grpc.aio.AioRpcError)
                       and r.code() != grpc.StatusCode.NOT_FOUND]
             if errors or not done:
-                raise _failure((errors or list(results.values()))[0], "worker")
+                raise _failure((errors or [r for _, r in results])[0], "worker")
             return sum(r.finishing_requests for r in done)
+
+    async def _tell_router(self, model: str, name: str, path: str,
+                           worker_ids: list[str]) -> None:
+        """The fleet's desired state (services/router/runtime_loras.py)."""
+        request = router_pb2.SetRuntimeLoRARequest(model=model, lora_name=name, lora_path=path,
+                                                   worker_ids=worker_ids)
+        try:
+            await self.router.SetRuntimeLoRA(request, timeout=LIST_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            raise _failure(e, "router") from None
 
     async def _each_worker(self, model: str,
                            call: Callable[[worker_pb2_grpc.WorkerStub], Awaitable[T]]
-                           ) -> dict[str, T | grpc.aio.AioRpcError]:
-        """Each live worker's of `model` answer (or its error) by address."""
+                           ) -> list[tuple[router_pb2.WorkerEndpoint, T | grpc.aio.AioRpcError]]:
+        """Each live worker's of `model` answer (or its error)."""
         try:
             listing = await self.router.ListWorkers(router_pb2.ListWorkersRequest(),
                                                     timeout=LIST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             raise _failure(e, "router") from None
-        addresses = sorted({w.address for w in listing.workers if w.model == model})
-        if not addresses:
+        workers = sorted((w for w in listing.workers if w.model == model),
+                         key=lambda w: w.address)
+        if not workers:
             raise UpdateFailed(503, f"no worker is serving {model} now; try again once one is",
                                "service_unavailable")
-        answers = await asyncio.gather(*(call(self.stubs.get(a)) for a in addresses),
+        answers = await asyncio.gather(*(call(self.stubs.get(w.address)) for w in workers),
                                        return_exceptions=True)
         for answer in answers:
             if isinstance(answer, Exception) and not isinstance(answer, grpc.aio.AioRpcError):
                 raise answer
-        return dict(zip(addresses, answers))
+        return list(zip(workers, answers))
 
     async def _roll_back(self, request_id: str, name: str, addresses: list[str]) -> None:
         message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)

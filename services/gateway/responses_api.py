@@ -22,7 +22,7 @@ from baton.services.gateway.routes.endpoint import (admit, authenticate, read_js
 from baton.services.gateway.routes.json_route import unknown_model
 from baton.services.gateway.serving import ApiRequest, Serving, StreamedResponse
 from baton.services.openai.errors import ProtocolError
-from baton.services.openai.render import Choice
+from baton.services.openai.render import Choice, chat_logprob
 from baton.services.openai.responses import ResponsesRequest, parse_item, renamed
 from baton.services.openai.responses_output import (TERMINAL, new_id, output_items,
                                                     response_body, status_of, stored_items,
@@ -126,7 +126,11 @@ class ResponsesService:
 
     async def _finish_collected(self, job: Job, state: Choice) -> dict[str, Any]:
         parser = job.api.oai.tool_parser(job.api.served.tool_parser)
-        output = output_items(state.text, parser)
+        logprobs = None
+        if state.logprobs is not None:
+            text_of = self.serving.token_text(job.api)
+            logprobs = [chat_logprob(lp, text_of) for lp in state.logprobs]
+        output = output_items(state.text, parser, logprobs)
         return await self._finish(job, output, state)
 
     async def _finish(self, job: Job, output: list[dict[str, Any]], state: Choice,
@@ -151,7 +155,8 @@ class ResponsesService:
         if running is None:
             self._abandon(job, "cancelled", None)
             return Response(status_code=CLIENT_CLOSED)
-        writer = ResponsesEventWriter(job.api.oai, job.body, job.api.served.tool_parser)
+        text_of = self.serving.token_text(job.api) if job.request.logprobs else None
+        writer = ResponsesEventWriter(job.api.oai, job.body, job.api.served.tool_parser, text_of)
         response = StreamedResponse(self.serving, running, writer)
         response.body_iterator = self._stream_end(response.body_iterator, job, writer,
                                                   running.states[0])

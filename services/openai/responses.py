@@ -132,10 +132,18 @@ class TextConfig(BaseModel):
 
 UNSUPPORTED_RESPONSES: dict[str, Acceptable] = {
     "truncation": off("disabled"), "reasoning": off({}), "service_tier": off("auto", "default"),
-    "top_logprobs": off(0), "max_tool_calls": off(), "prompt": off(), "conversation": off(),
-    "stream_options": off({}), "include": off([]), "safety_identifier": off(),
+    "max_tool_calls": off(), "prompt": off(), "conversation": off(),
+    "stream_options": off({}), "safety_identifier": off(),
     "prompt_cache_key": off(), "prompt_cache_retention": off(),
 }
+
+
+# `include` values: the one this server produces, and OpenAI's others (for tools it lacks).
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+OTHER_INCLUDES = ("reasoning.encrypted_content", "file_search_call.results",
+                  "web_search_call.results", "web_search_call.action.sources",
+                  "message.input_image.image_url", "computer_call_output.output.image_url",
+                  "code_interpreter_call.outputs")
 
 
 class ResponsesRequest(BaseModel):
@@ -158,6 +166,8 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     stream: bool = False
     user: str | None = None
+    include: list[str] = Field(default_factory=list)
+    top_logprobs: int = Field(0, ge=0, le=20)
 
     @field_validator("input", mode="before")
     @classmethod
@@ -188,7 +198,21 @@ class ResponsesRequest(BaseModel):
         request._check()
         return request
 
+    @property
+    def logprobs(self) -> bool:
+        """Whether output_text parts carry their tokens' logprobs (asking for alternatives implies
+        it)."""
+        return OUTPUT_LOGPROBS in self.include or self.top_logprobs > 0
+
     def _check(self) -> None:
+        for i, value in enumerate(self.include):
+            if value in OTHER_INCLUDES:
+                raise ProtocolError(f"include {value!r} is not supported by this server; it "
+                                    f"includes only {OUTPUT_LOGPROBS!r}", param=f"include[{i}]",
+                                    code="unsupported_parameter")
+            if value != OUTPUT_LOGPROBS:
+                raise ProtocolError(f"include[{i}]: unknown value {value!r}",
+                                    param=f"include[{i}]")
         for key, value in self.metadata.items():
             if len(key) > 64 or len(value) > 512:
                 raise ProtocolError("metadata keys are at most 64 characters and values 512",
@@ -219,6 +243,7 @@ class ResponsesRequest(BaseModel):
             "max_completion_tokens": self.max_output_tokens,
             "response_format": self.text.format.response_format(),
             "parallel_tool_calls": self.parallel_tool_calls, "metadata": self.metadata or None,
+            "logprobs": self.logprobs, "top_logprobs": self.top_logprobs if self.logprobs else None,
         }
         if self.tools:
             body["tools"] = [{"type": "function", "function": t.model_dump(

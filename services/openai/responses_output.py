@@ -19,10 +19,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def message_item(item_id: str, text: str, status: str = "completed",
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """logprobs: chat-style entries of the text's tokens (include message.output_text.logprobs)."""
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": []}] if status == "completed" else []}
+                         "logprobs": logprobs or []}] if status == "completed" else []}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
@@ -31,18 +33,21 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
             "name": name, "arguments": arguments}
 
 
-def output_items(text: str, parser: ToolParser | None) -> list[dict[str, Any]]:
+def output_items(text: str, parser: ToolParser | None,
+                 logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """A finished output's items: its text as a message, its tool calls (read by `parser`) as
-    function_call items."""
+    function_call items. The text's token logprobs go with the message only when it is the whole
+    output: once calls are parsed out of it, its tokens no longer line up with its text."""
     message, called = message_with_calls(text, parser)
     items = []
     if message.get("content"):
-        items.append(message_item(new_id("msg"), message["content"]))
+        items.append(message_item(new_id("msg"), message["content"],
+                                  logprobs=None if called else logprobs))
     for call in message.get("tool_calls", []) if called else []:
         function = call["function"]
         items.append(function_call_item(new_id("fc"), call["id"], function["name"],
                                         function["arguments"]))
-    return items or [message_item(new_id("msg"), text)]
+    return items or [message_item(new_id("msg"), text, logprobs=logprobs)]
 
 
 def stored_items(items: list[Item]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from baton.services.openai.chat import ChatCompletionRequest
-from baton.services.openai.render import Choice
+from baton.services.openai.render import Choice, TokenText, chat_logprob
 from baton.services.openai.responses_output import function_call_item, message_item, new_id
 from baton.services.openai.streaming import Delta
 from baton.services.openai.tool_parsers import ToolCallStream, ToolParser
@@ -24,10 +24,14 @@ class ResponsesEventWriter:
     """The events of one streamed response (an EventWriter for the gateway's serving)."""
 
     def __init__(self, request: ChatCompletionRequest, response: dict[str, Any],
-                 tool_parser: ToolParser | None) -> None:
+                 tool_parser: ToolParser | None, text_of: TokenText | None = None) -> None:
+        """text_of: how tokens are named in logprobs, None when they were not asked for."""
         self.response = response  # the response object as it stands (status in_progress)
         parser = request.tool_parser(tool_parser)
         self.calls = ToolCallStream(parser) if parser is not None else None
+        # a message's tokens line up with its text only when no tool calls are parsed out of it
+        self.text_of = text_of if self.calls is None else None
+        self.held_logprobs: list[dict[str, Any]] = []
         self.sequence = 0
         self.items: list[dict[str, Any]] = []  # output items in order, completed as they end
         self.message: dict[str, Any] | None = None  # the message item being written
@@ -47,11 +51,16 @@ class ResponsesEventWriter:
             delta: dict[str, Any] = {"content": new.text} if new.text else {}
         else:
             delta = self.calls.feed(new.text, new.finished)
+        if self.text_of is not None:
+            # a token whose text is held back (part of a character) goes with the next text
+            self.held_logprobs += [chat_logprob(lp, self.text_of) for lp in new.logprobs]
         events = [self._text(delta["content"])] if delta.get("content") else []
         events += [self._call(call) for call in delta.get("tool_calls", [])]
         if new.finished:
             if not self.items:  # nothing generated: an empty message, as the body has
                 events.append(self._text(""))
+            if self.message is not None:
+                self.message["logprobs"] += self.held_logprobs
             events += [self._done(item) for item in self.items]
         return "".join(events)
 
@@ -59,7 +68,7 @@ class ResponsesEventWriter:
         events = ""
         if self.message is None:
             self.message = message_item(new_id("msg"), "", "in_progress")
-            self.message["text"] = ""
+            self.message["text"], self.message["logprobs"] = "", []
             self.items.append(self.message)
             events += self.event("response.output_item.added", output_index=self._index(
                 self.message), item=message_item(self.message["id"], "", "in_progress"))
@@ -69,9 +78,11 @@ class ResponsesEventWriter:
         self.message["text"] += text
         if not text:
             return events
+        logprobs, self.held_logprobs = self.held_logprobs, []
+        self.message["logprobs"] += logprobs
         return events + self.event("response.output_text.delta", item_id=self.message["id"],
                                    output_index=self._index(self.message), content_index=0,
-                                   delta=text, logprobs=[])
+                                   delta=text, logprobs=logprobs)
 
     def _call(self, call: dict[str, Any]) -> str:
         function = call.get("function", {})
@@ -94,12 +105,14 @@ class ResponsesEventWriter:
     def _done(self, item: dict[str, Any]) -> str:
         index = self._index(item)
         if item["type"] == "message":
-            text = item.pop("text")
-            item.update(message_item(item["id"], text))
+            text, logprobs = item.pop("text"), item.pop("logprobs")
+            item.update(message_item(item["id"], text, logprobs=logprobs))
             return (self.event("response.output_text.done", item_id=item["id"],
-                               output_index=index, content_index=0, text=text, logprobs=[]) +
+                               output_index=index, content_index=0, text=text,
+                               logprobs=logprobs) +
                     self.event("response.content_part.done", item_id=item["id"],
-                               output_index=index, content_index=0, part=_part(text)) +
+                               output_index=index, content_index=0,
+                               part=item["content"][0]) +
                     self.event("response.output_item.done", output_index=index, item=item))
         item["status"] = "completed"
         return (self.event("response.function_call_arguments.done", item_id=item["id"],
@@ -115,7 +128,8 @@ class ResponsesEventWriter:
 
     def output(self) -> list[dict[str, Any]]:
         """The output items as they ended (those cut short keep status in_progress)."""
-        return [{k: v for k, v in item.items() if k != "text"} for item in self.items]
+        return [{k: v for k, v in item.items() if k not in ("text", "logprobs")}
+                for item in self.items]
 
 
 def _part(text: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.registry import scorer_class
 from baton.services.router.prefix_index import PrefixIndex
 from baton.services.router.rejections import RejectReason, Rejection
+from baton.services.router.runtime_loras import RuntimeLoRAs
 from baton.services.router.served_models import served_model_stats
 from baton.services.router.ttft_predictor import TTFTPredictor
 from baton.services.router.worker_state import CircuitBreaker, SaturationLimits, WorkerState
@@ -47,6 +48,8 @@ class Queued:
 
 
 Outcome = Placement | Rejection
+# A request for a runtime adapter no worker has loaded yet: its feeds are loading it (one poll).
+LORA_RETRY_AFTER_S = 1.0
 
 
 @dataclass
@@ -86,6 +89,9 @@ class Router:
                                        config.saturation_inflight_requests,
                                        config.saturation_kv_utilization)
         self.affinity = AffinityKeys(config.affinity_keys_max)
+        # the router's lock guards it too; a change may let a queued request be placed
+        self.runtime_loras = RuntimeLoRAs(self._lock, self._workers, config, clock,
+                                          lambda: self._dispatch(self._clock()))
         self.planner = Planner(config, self.index, self.predictor, self.admission, self.affinity)
         self._rng = random.Random(config.seed)
         self.apply_plugin_settings(config.plugin_settings())
@@ -152,6 +158,7 @@ class Router:
         with self._lock:
             if self._workers.pop(worker_id, None) is not None:
                 self.index.remove_worker(worker_id)
+                self.runtime_loras.forget(worker_id)
                 self.predictor.forget(worker_id)
                 self.metrics.observed_ttft.remove(worker_id)
 
@@ -324,8 +331,15 @@ class Router:
         # Only the request's model's pools are candidates, before any plugin sees them: the
         # TPOT fit and the disaggregation decision judge load, and another model's workers
         # must not count toward it.
-        model = pending.request.model
-        candidates = [w for w in self._workers.values() if w.model == model]
+        req = pending.request
+        candidates = [w for w in self._workers.values() if w.model == req.model]
+        # A runtime adapter goes only where it is loaded; the others get it from their feeds.
+        ready = [w for w in candidates if self.runtime_loras.serves(w, req.lora_name)]
+        if candidates and not ready:
+            return self._reject(req.request_id, RejectReason.NO_WORKERS,
+                                f"no worker has the LoRA adapter {req.lora_name!r} loaded yet; it "
+                                "is being loaded", LORA_RETRY_AFTER_S)
+        candidates = ready
         return self.planner.plan(pending, candidates, self._decode_picker, self._prefill_picker,
                                  now)
 
@@ -449,19 +463,32 @@ class Router:
         """Aggregate load per role, for the autoscaler (GetStats)."""
         with self._lock:
             now = self._clock()
-            pools = {}
-            for role in Role:
-                members = [w for w in self._workers.values() if w.role is role and w.is_alive(now)]
-                pools[role] = PoolStats(
-                    len(members), sum(w.queued_prefill_tokens() for w in members),
-                    sum(w.inflight_requests() for w in members),
-                    sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
-                    sum(w.is_saturated(now, self.limits) for w in members))
             live = [w for w in self._workers.values() if w.is_alive(now)]
+            pools = self._pools(live, now)
             served = served_model_stats(self.config.served_models(), live)
             return RouterStats(pools, len(self.admission.queue), len(self._leases),
                                self.config.model, served[0].max_model_len,
                                served[0].lora_adapters, served)
+
+    def pools_by_model(self) -> dict[str, dict[Role, PoolStats]]:
+        """stats()'s pools for each served model's workers alone: behind one router each model's
+        pools scale on their own load."""
+        with self._lock:
+            now = self._clock()
+            live = [w for w in self._workers.values() if w.is_alive(now)]
+            return {name: self._pools([w for w in live if w.model == name], now)
+                    for name in self.config.served_models()}
+
+    def _pools(self, live: list[WorkerState], now: float) -> dict[Role, PoolStats]:
+        pools = {}
+        for role in Role:
+            members = [w for w in live if w.role is role]
+            pools[role] = PoolStats(
+                len(members), sum(w.queued_prefill_tokens() for w in members),
+                sum(w.inflight_requests() for w in members),
+                sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
+                sum(w.is_saturated(now, self.limits) for w in members))
+        return pools
 
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:

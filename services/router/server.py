@@ -63,9 +63,15 @@ class RouterServiceConfig(BatonSettings):
 
 def stats_json(router: Router) -> dict[str, Any]:
     """GET /stats: the GetStats numbers as JSON, pools keyed by role name, for the operator's
-    autoscaler."""
+    autoscaler; `models` has each served model's own pools (`pools` sums them)."""
     stats = router.stats()
-    return {"pools": {role.label: dataclasses.asdict(pool) for role, pool in stats.pools.items()},
+
+    def by_role(pools: dict) -> dict[str, Any]:
+        return {role.label: dataclasses.asdict(pool) for role, pool in pools.items()}
+
+    return {"pools": by_role(stats.pools),
+            "models": {name: {"pools": by_role(pools)}
+                       for name, pools in router.pools_by_model().items()},
             "queued_requests": stats.queued_requests, "leases": stats.leases}
 
 

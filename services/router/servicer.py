@@ -174,3 +174,17 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             pb.WorkerEndpoint(worker_id=worker_id, address=address, role=role.value,
                               draining=draining, model=model)
             for worker_id, address, role, draining, model in self.router.endpoints()])
+
+    async def SetRuntimeLoRA(self, request: pb.SetRuntimeLoRARequest,
+                             context: grpc.aio.ServicerContext) -> pb.SetRuntimeLoRAResponse:
+        try:
+            self.router.runtime_loras.set(request.model or None, request.lora_name,
+                                         request.lora_path or None, request.worker_ids)
+        except KeyError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, e.args[0])
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        log.info("runtime LoRA adapter %s of %s: %s", request.lora_name,
+                 request.model or self.router.config.model,
+                 f"wanted from {request.lora_path}" if request.lora_path else "no longer wanted")
+        return pb.SetRuntimeLoRAResponse()

@@ -22,10 +22,13 @@ from baton.services.common.wire.router import (kv_events_from_proto, kv_snapshot
 from baton.services.common.worker_stubs import (RECONNECT_MAX_S, RECONNECT_MIN_S,
                                                 RECONNECT_OPTIONS)
 from baton.services.router.router import Router
+from baton.services.router.runtime_loras import RETRY_FAILED_S, LoRALoad
 from baton.v1 import worker_pb2 as wpb
 from baton.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)
+# Reading a large adapter from a slow volume takes a while (the gateway's own load waits as long).
+LORA_LOAD_TIMEOUT_S = 300.0
 
 
 class WorkerFeed:
@@ -45,12 +48,15 @@ class WorkerFeed:
         self._failing = False
         self._events_lost = False
         self._answering = asyncio.Event()  # set when stats answer again after failing
+        self._loading_loras: asyncio.Future | None = None
         self._tasks = [
             asyncio.ensure_future(self._poll_stats()),
             asyncio.ensure_future(self._follow_events())
         ]
 
     async def close(self) -> None:
+        if self._loading_loras is not None:
+            self._tasks.append(self._loading_loras)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -94,6 +100,36 @@ class WorkerFeed:
             # the router dropped it (a lease ran out); a discovered worker comes back
             self._register(report)
             self.router.on_stats(report)
+        self._sync_loras()
+
+    # -- runtime LoRA adapters ---------------------------------------------------------------------
+
+    def _sync_loras(self) -> None:
+        """Loads the runtime adapters the worker lacks (services/router/runtime_loras.py), one
+        batch at a time."""
+        if self._loading_loras is not None and not self._loading_loras.done():
+            return
+        loads = self.router.runtime_loras.to_load(self.worker_id)
+        if loads:
+            self._loading_loras = asyncio.ensure_future(self._load_loras(loads))
+
+    async def _load_loras(self, loads: list[LoRALoad]) -> None:
+        for load in loads:
+            request = wpb.LoadLoRAAdapterRequest(lora_name=load.name, lora_path=load.path)
+            try:
+                await self._stub.LoadLoRAAdapter(request, timeout=LORA_LOAD_TIMEOUT_S)
+            except grpc.aio.AioRpcError as e:
+                # a worker that already serves it (the gateway's own fan-out got there first) has it
+                ok = e.code() == grpc.StatusCode.ALREADY_EXISTS
+                if not ok:
+                    log.warning("worker %s: runtime LoRA adapter %s not loaded (retried in %.0fs): "
+                                "%s: %s", self.worker_id, load.name, RETRY_FAILED_S,
+                                e.code().name, e.details())
+            else:
+                ok = True
+                log.info("worker %s: runtime LoRA adapter %s loaded from %s", self.worker_id,
+                         load.name, load.path)
+            self.router.runtime_loras.loaded(self.worker_id, load, ok)
 
     def _register(self, report: LoadReport) -> bool:
         worker_id = report.worker_id or self.address

@@ -92,6 +92,8 @@ class WorkerState:
     draining: bool = False
     report: LoadReport | None = None
     model: str = ""  # the base model it serves (with its adapters); requests for it only go here
+    # runtime LoRA adapters this router saw loaded here, and when (services/router/runtime_loras.py)
+    lora_confirmed: dict[str, float] = field(default_factory=dict)
     # This router's outstanding reservations (lease id -> reservation); the unseen ones (placed
     # after the last report) are kept apart, oldest first, with running sums so a decision never
     # walks them.

@@ -1,7 +1,8 @@
 """LoRA adapters loaded and unloaded while the engine serves (services/engine/lora/runtime.py): an
 adapter loaded at runtime answers what the same adapter given at start answers; an unload refuses
-new requests at once while the running ones finish under it; every bad adapter is refused by name
-and the engine goes on serving."""
+new requests at once while the running ones finish under it, and requests admitted elsewhere before
+it (a hand-off's decode side, a migrated stream) still run under it when they arrive after it;
+every bad adapter is refused by name and the engine goes on serving."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +15,7 @@ from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.lora import runtime
 from baton.services.engine.lora.modules import (LoRAError, LoRAExists, LoRAModule,
                                                 LoRANotFound)
+from baton.services.engine.requests import EngineRequest
 from baton.services.checkpoints.tiny_lora import make_tiny_lora
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import make_bad_adapters
@@ -90,6 +92,50 @@ def test_unload_idle_adapter_goes_at_once(engine) -> None:
     assert "qv8" not in engine.lora.modules
     with pytest.raises(LoRANotFound, match="'nope' is not served here"):
         runtime.unload(engine, "nope")
+
+
+def _prefill(engine: LLMEngine, rid: str, prompt: list[int], lora_name: str) -> int:
+    """The prefill side of a hand-off: the first token, the prompt's KV held for the decode side."""
+    engine.add_request(rid, prompt, _params(1), hold_kv=True, lora_name=lora_name)
+    while True:
+        for out in engine.step():
+            if out.request_id == rid and out.finished:
+                return out.token_ids[0]
+
+
+def test_a_handoff_admitted_before_the_unload_runs_under_it(engine, tiny_model_dirs,
+                                                            adapter) -> None:
+    """The P/D race: the unload lands on both workers while the request is between its prefill
+    and its decode; the decode worker, which had no request under the adapter and dropped it at
+    once, still runs the hand-off under it, as a colocated worker runs its admitted requests."""
+    config = EngineConfig(model=str(tiny_model_dirs["llama"]), dtype="float32", enable_lora=True,
+                          max_loras=2, num_kv_blocks=128)
+    prefill, decode = LLMEngine(config), LLMEngine(config)
+    for side in (prefill, decode):
+        _load(side, "rt", adapter)
+    prompts = random_prompts(2, 200, seed=7, min_len=5, max_len=30)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"want-{i}", prompt, _params(), lora_name="qv8")
+    want = _run(engine)
+    first = _prefill(prefill, "handed", prompts[0], "rt")
+    assert runtime.unload(prefill, "rt") == 0 and runtime.unload(decode, "rt") == 0
+    assert "rt" not in decode.lora.modules
+    with pytest.raises(LoRANotFound):  # new requests are refused at once
+        decode.add_request("new", prompts[0], _params(), lora_name="rt")
+    request = EngineRequest("handed", prompts[0], _params(), lora_name="rt")
+    dst, hits, _ = decode.reserve_prefilled(request)
+    decode.kv_cache[:, dst[hits:]] = prefill.kv_cache[:, prefill.held_kv("handed").block_ids[hits:]]
+    assert prefill.release_kv("handed")
+    decode.commit_prefilled("handed", first)
+    # and a stream migrated here from a worker that had admitted it
+    decode.add_request("moved", prompts[1], _params(), lora_name="rt",
+                       output_token_ids=want["want-1"][:3])
+    got = _run(decode)
+    assert got["handed"] == want["want-0"]
+    assert got["moved"] == want["want-1"]
+    assert "rt" not in decode.lora.modules and not decode.lora.retiring, "dropped again after"
+    with pytest.raises(LoRANotFound):  # an adapter this worker never served is still unknown
+        decode.reserve_prefilled(EngineRequest("other", prompts[0], _params(), lora_name="x"))
 
 
 def test_bad_adapters_are_refused_and_serving_goes_on(engine, adapter, tiny_model_dirs,

@@ -32,12 +32,12 @@ def test_run_batch_greedy_equals_no_speculation(tiny_model_dirs, tmp_path):
 
 
 def test_run_batch_refuses_a_bad_config(tiny_model_dirs, tmp_path, capsys):
-    bad = '{"method": "eagle", "model": "x", "num_speculative_tokens": 2}'
+    bad = '{"method": "medusa", "model": "x", "num_speculative_tokens": 2}'
     src = tmp_path / "in.jsonl"
     src.write_text("")
     argv = ["run-batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), "--model",
             str(tiny_model_dirs["qwen2"]), *FLAGS, "--speculative-config", bad]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "speculative_config" in err and "method 'eagle' is not supported" in err
+    assert "speculative_config" in err and "method 'medusa' is not supported" in err
     assert "Traceback" not in err

@@ -4,7 +4,7 @@ through the official openai client, and the decode worker really read the prompt
 recompute it).
 
 Skipped without CUDA. BATON_GPU_CHECK_MODEL names a checkpoint (e.g. the 8B-shaped one from
-shared/gpu/make8b.py; default: the tiny test model) and BATON_GPU_CHECK_PROMPT_WORDS the long
+deploy/gpu-check/make8b.py; default: the tiny test model) and BATON_GPU_CHECK_PROMPT_WORDS the long
 prompt's length in words (default 1000 for a real checkpoint, 48 for the tiny one; its token count
 is printed). The hand-off figures are printed (-s)."""
 from __future__ import annotations
@@ -59,7 +59,9 @@ def test_disaggregated_on_one_gpu_matches_colocated(kv_transport: str,
         expected = _answers(colocated, model, prompts)
     finally:
         colocated.stop()
-    stack = start_stack(model, "disaggregated", kv_transport=kv_transport, worker_arg=blocks)
+    # every prompt is handed off: the router would prefill these short ones on the decode worker
+    stack = start_stack(model, "disaggregated", kv_transport=kv_transport, worker_arg=blocks,
+                        router_args=["--max-local-prefill-tokens=0"])
     try:
         got = _answers(stack, model, prompts)
         (decode,) = stack.workers("decode")
@@ -74,5 +76,4 @@ def test_disaggregated_on_one_gpu_matches_colocated(kv_transport: str,
         f"{seconds / max(reads, 1) * 1e3:.2f} ms "
         f"per read, {failures:.0f} failures")
     assert got == expected
-    # the router may prefill a short prompt on the decode worker
     assert reads >= 1 and moved > 0 and failures == 0

@@ -3,7 +3,8 @@ client: POST /v1/load_lora_adapter and /v1/unload_lora_adapter answer only admin
 with --allow-runtime-lora-updating; an adapter loaded at runtime answers what the same adapter
 given at start answers; an unload lets a running stream finish while later requests get 404; every
 bad adapter is an OpenAI error naming why, and the stack goes on serving; base-model requests sent
-while adapters come and go all complete."""
+while adapters come and go all complete; a request between its prefill and its decode when the
+unload lands still decodes under the adapter."""
 from __future__ import annotations
 
 import re
@@ -17,7 +18,7 @@ import pytest
 
 from baton.services.checkpoints.tiny_lora import make_tiny_lora
 from baton.services.common.sampling_params import SamplingParams
-from baton.services.common.wire.worker import generate_request
+from baton.services.common.wire.worker import generate_request, handoff_request, prefill_request
 from baton.v1 import worker_pb2, worker_pb2_grpc
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import make_bad_adapters
@@ -261,3 +262,41 @@ def test_every_worker_loads_and_unloads_and_the_handoff_runs_it(handoff_lora_sta
     assert _served_by_each(stack) == [{"qv8"}] * 2
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="qv8-rt", prompt="hi", max_tokens=2)
+
+
+def _worker_stub(channel: grpc.Channel) -> worker_pb2_grpc.WorkerStub:
+    return worker_pb2_grpc.WorkerStub(channel)
+
+
+def test_unload_between_prefill_and_decode_keeps_the_handoff(handoff_lora_stack,
+                                                             adapter) -> None:
+    """The P/D race, made deterministic by driving the two calls the gateway makes: the prefill
+    worker admits the request, the unload reaches both workers, then the hand-off reaches the
+    decode worker, which runs it under the adapter (token for token the start-up adapter's)."""
+    stack = handoff_lora_stack
+    client = openai.OpenAI(base_url=stack.url, api_key="sk-alpha", max_retries=0, timeout=240)
+    prompt = random_prompts(1, 200, seed=6, min_len=5, max_len=30)[0]
+    want = _tokens(client, "qv8", prompt)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    meta = worker_pb2.RequestMeta(request_id="between", lora_name="raced")
+    [prefill], [decode] = stack.workers("prefill"), stack.workers("decode")
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.port}", timeout=120,
+                      headers={"Authorization": "Bearer sk-ops"}) as admin, \
+            grpc.insecure_channel(prefill.address) as to_prefill, \
+            grpc.insecure_channel(decode.address) as to_decode:
+        assert admin.post("/v1/load_lora_adapter", json={
+            "lora_name": "raced", "lora_path": str(adapter)}).status_code == 200
+        done = _worker_stub(to_prefill).Prefill(prefill_request(meta, prompt, params),
+                                                timeout=120)
+        unloaded = admin.post("/v1/unload_lora_adapter", json={"lora_name": "raced"})
+        assert unloaded.status_code == 200, unloaded.text
+        assert _served_by_each(stack) == [{"qv8"}] * 2
+        handoff = handoff_request(meta, prompt, params, done, first_token_streamed=False)
+        got = [t for m in _worker_stub(to_decode).Generate(handoff, timeout=120)
+               for t in m.token_ids]
+        assert got == want
+        with pytest.raises(grpc.RpcError) as refused:  # a new request is refused as before
+            list(_worker_stub(to_decode).Generate(
+                generate_request(worker_pb2.RequestMeta(request_id="after", lora_name="raced"),
+                                 prompt, params), timeout=120))
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND

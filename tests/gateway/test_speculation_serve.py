@@ -1,7 +1,10 @@
 """`baton serve` with --speculative-config, colocated and disaggregated (speculation on the decode
-worker after a KV hand-off): greedy completions through the official openai client are those of
-the engine without speculation, token for token, and the decode worker did verify drafts."""
+worker after a KV hand-off), n-gram and an EAGLE-3 head: greedy completions through the official
+openai client are those of the engine without speculation, token for token, and the decode worker
+did verify drafts."""
 from __future__ import annotations
+
+import json
 
 import openai
 import pytest
@@ -9,6 +12,7 @@ import pytest
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
+from tests.engine.eagle_helpers import make_head
 from tests.engine.engine_helpers import random_prompts
 from tests.launcher import Stack, metric, start_stack
 
@@ -20,6 +24,13 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def model(tiny_model_dirs):
     return tiny_model_dirs["llama"]
+
+
+@pytest.fixture(scope="module")
+def specs(model, tmp_path_factory):
+    head = make_head(model, tmp_path_factory.mktemp("serve-eagle") / "head", True)
+    return {"ngram": SPEC, "eagle3": "--speculative-config=" + json.dumps(
+        {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3})}
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +57,16 @@ def answers(stack: Stack, model, prompts) -> list[list[int]]:
     return got
 
 
-@pytest.mark.parametrize("mode, router_args", [
-    ("colocated", []),
+@pytest.mark.parametrize("mode, router_args, method", [
+    ("colocated", [], "ngram"),
     # Every prompt prefilled on the prefill worker and handed off: the decode worker speculates.
-    ("disaggregated", ["--max-local-prefill-tokens=0"]),
+    ("disaggregated", ["--max-local-prefill-tokens=0"], "ngram"),
+    # The head sees no prompt hidden states there; it drafts from the decode steps'.
+    ("disaggregated", ["--max-local-prefill-tokens=0"], "eagle3"),
 ])
-def test_greedy_through_serve_equals_no_speculation(model, prompts, expected, mode, router_args):
-    stack = start_stack(model, mode, worker_arg=("--num-kv-blocks=256", SPEC),
+def test_greedy_through_serve_equals_no_speculation(model, prompts, expected, specs, mode,
+                                                    router_args, method):
+    stack = start_stack(model, mode, worker_arg=("--num-kv-blocks=256", specs[method]),
                         router_args=router_args, gateway_args=["--slos="])
     try:
         assert answers(stack, model, prompts) == expected

@@ -10,7 +10,7 @@ import pytest
 
 from baton.operators import resources as r
 from baton.operators.autoscaler.policy import Signals
-from baton.operators.handlers import sync_children
+from baton.operators.sync import sync_children
 from baton.operators.kube import KINDS
 from baton.operators.settings import OperatorSettings
 from baton.operators.spec import defaulted
@@ -97,7 +97,7 @@ async def test_creating_a_deployment_makes_every_child(operator: Operator) -> No
     assert router["serviceAccountName"] == "qwen-router" and router[
         "automountServiceAccountToken"] is True
     assert flags(router["containers"][0]["args"], "--model", "--kube-label-selector") == [
-        "qwen", f"{r.LABEL_DEPLOYMENT}=qwen,{r.LABEL_ROLE}"]
+        "qwen", f"{r.LABEL_GATEWAY}=qwen,{r.LABEL_ROLE}"]
     gateway = (await wait_for(operator, "Deployment",
                               "qwen-gateway"))["spec"]["template"]["spec"]["containers"][0]
     assert flags(gateway["args"], "--router", "--served-model-name", "--slos") == [
@@ -105,6 +105,7 @@ async def test_creating_a_deployment_makes_every_child(operator: Operator) -> No
     assert "--api-keys-file=/etc/baton/keys/keys.yaml" in gateway["args"]
     decode_service = await wait_for(operator, "Service", "qwen-decode")
     assert decode_service["spec"]["clusterIP"] == "None"
+    assert decode_service["metadata"]["labels"][r.LABEL_GATEWAY] == "qwen"
     assert [p["name"] for p in decode_service["spec"]["ports"]] == ["grpc", "http"]
     pool = await wait_for(operator, "WorkerPool", "qwen-decode")
     assert pool["spec"]["routerUrl"] == "http://qwen-router:9100"

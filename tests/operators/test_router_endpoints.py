@@ -13,15 +13,16 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from baton.operators.autoscaler.signals import PoolRef, RouterStatsSource
+from baton.operators.autoscaler.signals import PoolRef, RouterStatsSource, router_signals
 from baton.operators.drain import drain, drain_groups
 from baton.services.common.http_probe import serve_probes
 from baton.services.common.roles import Role
+from baton.services.common.wire.router import load_report_from_proto
 from baton.services.router.config import RouterConfig
 from baton.services.router.router import Router
 from baton.services.router.server import drain_json, stats_json
 from baton.v1 import worker_pb2
-from tests.router.helpers import Clock, report
+from tests.router.helpers import Clock, report, stats
 
 NOW = 1_000.0
 
@@ -62,6 +63,25 @@ async def test_autoscaler_reads_the_routers_stats(url: str) -> None:
     assert (decode.kv_cache_usage, decode.running_requests, decode.waiting_requests) == (0.4, 10, 0)
     assert prefill.kv_cache_usage == 0.2
     assert mixed.running_requests == 0 and mixed.idle()
+
+
+def test_behind_a_router_of_several_models_a_pool_reads_its_models_own_load() -> None:
+    """A member's decode pool and its primary's share a router; each scales on its own workers."""
+    router = Router(RouterConfig(model="m", additional_models=["coder"]), CollectorRegistry(),
+                    Clock(NOW))
+    for worker_id, model, running in (("qwen-decode-a", "m", 6), ("coder-decode-b", "coder", 1),
+                                      ("coder-decode-a", "coder", 3)):
+        router.register_worker(worker_id, f"{worker_id}:8100", Role.DECODE, model=model,
+                               block_size=16)
+        message = stats(worker_id, NOW, running=running, kv_used=100 * running)
+        message.model = model
+        assert router.on_stats(load_report_from_proto(message))
+    got = stats_json(router)
+    coder, qwen = router_signals(got, "decode", "coder"), router_signals(got, "decode", "m")
+    assert (coder.running_requests, qwen.running_requests) == (4, 6)
+    assert (coder.kv_cache_usage, qwen.kv_cache_usage) == (0.2, 0.6)
+    # A router that reports no model of that name: the sum over its models.
+    assert router_signals(got, "decode", "other").running_requests == 10
 
 
 class PodKube:

@@ -64,6 +64,10 @@ SCHEMA_CASES = {
     "tensor parallel size as a string":
         edit(lambda s: s["pools"]["decode"].update(tensorParallelSize="8")),
     "nodes without GPUs": edit(lambda s: s["pools"]["decode"].update(gpusPerNode=0)),
+    "gatewayRef without a name": edit(lambda s: s.update(gatewayRef={})),
+    "gatewayRef naming no valid object": edit(lambda s: s.update(gatewayRef={"name": "Big_One"})),
+    "runtime LoRA updating as a string":
+        edit(lambda s: s.update(gateway={"allowRuntimeLoraUpdating": "yes"})),
 }
 
 # Valid for the structural schema; refused by a CEL rule (or list-map key) that the operator
@@ -116,6 +120,13 @@ RULE_CASES = {
         (edit(lambda s: s.update(gateway={"stateStoreSecretRef": {"name": "pg"},
                                           "stateStoreVolume": {"claimName": "state"}})),
          "are two state stores: set one"),
+    "a member with a gateway of its own":
+        (edit(lambda s: s.update(gatewayRef={"name": "main"}, gateway={"port": 9000})),
+         "a BatonDeployment with gatewayRef runs behind that deployment's gateway"),
+    "a member with SLOs of its own (its primary's gateway holds them)":
+        (edit(lambda s: s.update(gatewayRef={"name": "main"},
+                                 slos=[{"priority": 0, "ttftMillis": 1, "tpotMillis": 1}])),
+         "set gateway, router and slos there, not here"),
 }
 
 # Placements the rules must let through: within a node, whole nodes, gpus left at 1 or matching.
@@ -163,6 +174,20 @@ def test_gateway_replicas_with_shared_stores_pass() -> None:
                                             "stateStoreSecretRef": {"name": "pg"}}))
     validator().validate(body)
     assert problems(r.DEPLOYMENT_KIND, defaulted(r.DEPLOYMENT_KIND, body)) == []
+
+
+def test_a_member_takes_no_gateway_router_or_slo_defaults() -> None:
+    """The rule that refuses a member's own gateway would refuse every member if the defaults
+    filled them in; a deployment without gatewayRef still gets them."""
+    member = edit(lambda s: s.update(gatewayRef={"name": "main"}))
+    validator().validate(member)
+    spec = defaulted(r.DEPLOYMENT_KIND, member)
+    assert problems(r.DEPLOYMENT_KIND, spec) == []
+    assert not {"gateway", "router", "slos"} & set(spec)
+    primary = defaulted(r.DEPLOYMENT_KIND, VALID)
+    assert (primary["gateway"]["port"], primary["router"]["policy"], primary["slos"]) == (
+        8000, "prefix-aware", crd_schema.DEFAULT_SLOS)
+    assert primary["gateway"]["allowRuntimeLoraUpdating"] is False
 
 
 def test_a_workerpool_is_held_to_the_same_placement_rules() -> None:

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from baton.services.common.process import free_port
+from baton.services.openai.responses import OUTPUT_LOGPROBS
 from tests.responses.conftest import MODEL, client
 
 ALPHA = {"Authorization": "Bearer sk-alpha"}
@@ -46,6 +47,11 @@ BAD = [
     ({"model": MODEL, "input": "x", "frobnicate": 1}, 400, "frobnicate", "unknown"),
     ({"model": MODEL, "input": "x", "truncation": "auto"}, 400, "truncation", "not supported"),
     ({"model": "gpt-9", "input": "x"}, 404, "model", "gpt-9"),
+    ({"model": MODEL, "input": "x", "include": ["file_search_call.results"]}, 400, "include[0]",
+     "not supported"),
+    ({"model": MODEL, "input": "x", "include": [OUTPUT_LOGPROBS, "bogus"]}, 400, "include[1]",
+     "'bogus'"),
+    ({"model": MODEL, "input": "x", "top_logprobs": 21}, 400, "top_logprobs", ""),
 ]
 
 

@@ -12,6 +12,7 @@ from baton.services.common.wire.router import load_report_from_proto
 from baton.services.router.config import RouterConfig
 from baton.services.router.rejections import RejectReason, Rejection
 from baton.services.router.router import Router
+from baton.services.router.server import stats_json
 from tests.router.helpers import Clock, stats
 
 # two workers per model, so a placement could land on the other model's if it were not kept apart
@@ -78,3 +79,19 @@ def test_stats_report_each_models_limit_and_adapters() -> None:
         "beta", 64, ("beta-coder",), 2)
     # the top-level fields are the router's own --model's
     assert (got.model, got.max_model_len, got.lora_adapters) == ("alpha", 256, ())
+
+
+def test_stats_json_has_each_models_own_pools() -> None:
+    clock = Clock()
+    router = _router(clock)
+    router.remove_worker("b2")
+    for worker_id, queued in (("a1", 100), ("a2", 20), ("b1", 3)):
+        message = stats(worker_id, clock(), queued=queued)
+        message.model = WORKERS[worker_id]
+        router.on_stats(load_report_from_proto(message))
+    got = stats_json(router)
+    assert (got["pools"]["mixed"]["workers"], got["pools"]["mixed"]["queued_prefill_tokens"]) == (
+        3, 123)
+    own = {name: m["pools"]["mixed"] for name, m in got["models"].items()}
+    assert {name: (p["workers"], p["queued_prefill_tokens"]) for name, p in own.items()} == {
+        "alpha": (2, 120), "beta": (1, 3)}

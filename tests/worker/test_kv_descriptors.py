@@ -170,7 +170,7 @@ def test_configure_ucx_for_cuda_points_at_the_bundled_modules(monkeypatch: pytes
     applied = nixl_loader.configure_ucx_for_cuda(environ=env)
     assert env == applied == {
         "UCX_MEMTYPE_CACHE": "n", "UCX_MODULE_DIR": str(tmp_path / "nixl_cu13.libs" / "ucx"),
-        "UCX_TLS": nixl_loader.CUDA_UCX_TLS
+        "UCX_TLS": nixl_loader.CUDA_UCX_TLS, "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"
     }
     assert {"cuda_ipc", "cuda_copy", "tcp"} <= set(env["UCX_TLS"].split(","))
 
@@ -178,7 +178,8 @@ def test_configure_ucx_for_cuda_points_at_the_bundled_modules(monkeypatch: pytes
 def test_configure_ucx_for_cuda_keeps_the_operators_settings_unless_told(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nixl_loader, "bundled_ucx_module_dir", lambda: None)
-    env = {"UCX_TLS": "rc,cuda_copy,cuda_ipc,tcp", "UCX_MEMTYPE_CACHE": "y"}
+    env = {"UCX_TLS": "rc,cuda_copy,cuda_ipc,tcp", "UCX_MEMTYPE_CACHE": "y",
+           "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "n"}
     assert nixl_loader.configure_ucx_for_cuda(environ=env) == {}
     assert env["UCX_TLS"] == "rc,cuda_copy,cuda_ipc,tcp" and env["UCX_MEMTYPE_CACHE"] == "y"
     assert nixl_loader.configure_ucx_for_cuda("cuda_ipc,tcp,self",

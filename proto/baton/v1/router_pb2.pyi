@@ -241,3 +241,19 @@ class ListWorkersResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerEndpoint]
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerEndpoint, _Mapping]]] = ...) -> None: ...
+
+class SetRuntimeLoRARequest(_message.Message):
+    __slots__ = ("model", "lora_name", "lora_path", "worker_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    lora_name: str
+    lora_path: str
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetRuntimeLoRAResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

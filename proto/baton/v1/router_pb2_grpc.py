@@ -69,6 +69,11 @@ class RouterStub:
                 request_serializer=baton_dot_v1_dot_router__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_router__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.SetRuntimeLoRA = channel.unary_unary(
+                '/baton.v1.Router/SetRuntimeLoRA',
+                request_serializer=baton_dot_v1_dot_router__pb2.SetRuntimeLoRARequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_router__pb2.SetRuntimeLoRAResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServicer:
@@ -123,6 +128,15 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetRuntimeLoRA(self, request, context):
+        """Records a LoRA adapter loaded (or unloaded) at runtime as the fleet's desired state: the router loads it onto
+        every worker of its base model that lacks it (one that registers, restarts or is discovered later) and places
+        requests for it only on workers that have it. Unknown model: NOT_FOUND; a missing name: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +174,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=baton_dot_v1_dot_router__pb2.ListWorkersRequest.FromString,
                     response_serializer=baton_dot_v1_dot_router__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'SetRuntimeLoRA': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRuntimeLoRA,
+                    request_deserializer=baton_dot_v1_dot_router__pb2.SetRuntimeLoRARequest.FromString,
+                    response_serializer=baton_dot_v1_dot_router__pb2.SetRuntimeLoRAResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +370,33 @@ class Router:
             '/baton.v1.Router/ListWorkers',
             baton_dot_v1_dot_router__pb2.ListWorkersRequest.SerializeToString,
             baton_dot_v1_dot_router__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRuntimeLoRA(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Router/SetRuntimeLoRA',
+            baton_dot_v1_dot_router__pb2.SetRuntimeLoRARequest.SerializeToString,
+            baton_dot_v1_dot_router__pb2.SetRuntimeLoRAResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,15 +80,28 @@ def memory_budget(engine: EngineConfig, config: PretrainedConfig, dtype: torch.d
                         f"{CPU_EXPLICIT_SHARE:g} of the host's {_gib(host)} available")
 
 
+@dataclass(frozen=True)
+class Companion:
+    """What a speculative draft (or EAGLE head) loaded after the target takes beside it: its
+    weights, and a cache of as many blocks as the target's, of block_bytes each."""
+    weight_bytes: int
+    block_bytes: int
+
+
 def num_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype,
                device: torch.device, max_model_len: int | None = None,
-               wanted: int | None = None, kv_heads: int | None = None) -> int:
+               wanted: int | None = None, kv_heads: int | None = None,
+               companion: Companion | None = None) -> int:
     """Blocks to allocate; raises KVCacheTooLarge when an explicit size cannot fit.
 
     wanted: without an explicit size, this many blocks (a benchmark sized to its work), capped at
-    what memory allows, with a warning when capped. kv_heads: as for block_bytes."""
+    what memory allows, with a warning when capped. kv_heads: as for block_bytes. companion: a
+    draft's share, taken off the budget (its weights) and counted with every block (its cache)."""
     per_block = block_bytes(config, engine.block_size, dtype, kv_heads)
     budget = memory_budget(engine, config, dtype, device)
+    if companion is not None:
+        budget = _beside(budget, companion)
+        per_block += companion.block_bytes
     if engine.num_kv_blocks is not None:
         blocks, asked = engine.num_kv_blocks, f"num_kv_blocks={engine.num_kv_blocks}"
     elif engine.kv_cache_memory_gib is not None:
@@ -127,6 +140,14 @@ def max_blocks(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtyp
     aside)."""
     return memory_budget(engine, config, dtype, device).available // block_bytes(
         config, engine.block_size, dtype)
+
+
+def _beside(budget: MemoryBudget, companion: Companion) -> MemoryBudget:
+    """The budget less the companion's weights; block sizes then count its cache too."""
+    weights = companion.weight_bytes
+    return MemoryBudget(max(0, budget.available - weights), max(0, budget.default - weights),
+                        f"{budget.where}, less {_gib(weights)} of draft weights, and each block "
+                        f"with the draft's {companion.block_bytes} bytes")
 
 
 def _gib(n: int) -> str:

@@ -55,6 +55,10 @@ class LoRAManager:
         self.idle_slots: OrderedDict[int, None] = OrderedDict()  # held by nobody, LRU first
         self.users: Counter[str] = Counter()
         self.retiring: set[str] = set()  # unloaded: no new requests, dropped once none runs
+        # Dropped after a runtime unload, and kept (the newest max_cpu_loras, their host copies
+        # first to go) for requests admitted elsewhere before the unload that arrive here later: a
+        # hand-off from a prefill worker, a stream migrated from another worker (`revive`).
+        self.retired: OrderedDict[str, LoRAModule] = OrderedDict()
         self.slot_loads = 0
         self.prompt_tokens: Counter[str] = Counter()
         self.generation_tokens: Counter[str] = Counter()
@@ -73,6 +77,7 @@ class LoRAManager:
         """Registers an adapter, read now unless `weights` already are. Raises LoRAError."""
         self.check_free(module.name)
         weights = weights or self.read(module)
+        self.retired.pop(module.name, None)
         self.modules[module.name] = module
         if self.replicas is not None:
             self.replicas.read(module)
@@ -94,20 +99,43 @@ class LoRAManager:
             raise LoRANotFound(f"the LoRA adapter {name!r} is not served here")
         if self.users[name]:
             raise LoRAError(f"the LoRA adapter {name!r} is in use by {self.users[name]} requests")
-        del self.modules[name]
+        self._retire(self.modules.pop(name))
         self.retiring.discard(name)
         self.loading.pop(name, None)  # a read under way is dropped: a new load reads anew
-        if self.host.pop(name, None) is not None and self.replicas is not None:
-            self.replicas.drop(name)
         for slot, held in enumerate(self.slots):
             if held == name:
                 self.slots[slot] = None
                 self.idle_slots.pop(slot, None)
 
-    def check(self, name: str) -> None:
-        """Whether a new request may name this adapter. Raises LoRANotFound."""
+    def check(self, name: str, admitted_elsewhere: bool = False) -> None:
+        """Whether a new request may name this adapter. Raises LoRANotFound.
+
+        admitted_elsewhere: the request was admitted before an unload, on another worker (a
+        hand-off, a migration): it runs under the adapter while this worker still has it, retiring
+        or retired (`revive`), as a request this worker admitted would."""
+        if admitted_elsewhere and self.revive(name):
+            return
         if name not in self.modules or name in self.retiring:
             raise LoRANotFound(f"the LoRA adapter {name!r} is not served here")
+
+    def revive(self, name: str) -> bool:
+        """Registers a retired adapter again as retiring (served to the requests that have it,
+        refused to new ones, dropped once none runs); False for one never served or long gone."""
+        if name in self.modules:
+            return True
+        module = self.retired.pop(name, None)
+        if module is None:
+            return False
+        self.modules[name] = module
+        self.retiring.add(name)
+        return True
+
+    def _retire(self, module: LoRAModule) -> None:
+        self.retired[module.name] = module
+        while len(self.retired) > self.max_cpu_loras:
+            self.retired.popitem(last=False)
+        if module.name in self.host:  # kept, but the first the LRU evicts
+            self.host.move_to_end(module.name, last=False)
 
     def acquire(self, seq: Sequence) -> bool:
         """Gives seq its adapter's slot, loading it there if needed; False while the adapter is

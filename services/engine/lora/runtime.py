@@ -5,7 +5,9 @@ A load reads and checks the adapter on the caller's thread (`read`, off the engi
 adapter takes a while to read); only registering it (`load`) runs on the engine thread, so the batch
 never waits on the disk. An unload refuses new requests for the adapter at once, lets the ones the
 engine already has finish under it, and drops it after the step where the last one ends
-(`drop_retired`, run after every step)."""
+(`drop_retired`, run after every step). Requests admitted before the unload on another worker (a
+prefill worker's hand-off, a migrated stream) still run under it when they arrive later
+(`LoRAManager.revive`), so an unload never breaks a request between its prefill and its decode."""
 from __future__ import annotations
 
 from collections import Counter
@@ -64,5 +66,7 @@ def drop_retired(engine: LLMEngine) -> None:
         return
     counts = in_flight(engine)
     for name in sorted(manager.retiring):
-        if not counts[name] and not manager.users[name]:
+        # a revived adapter being read back from disk waits for its read (`LoRAManager.revive`)
+        reading = name in manager.loading and not manager.loading[name].done()
+        if not counts[name] and not manager.users[name] and not reading:
             manager.remove(name)

@@ -126,6 +126,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         # built by the loader on the real device, after weights
         self.rope: RotaryEmbedding | None = None
+        # Layers whose input (the residual stream there) forward keeps in `captured`, side by
+        # side in this order: what an EAGLE-3 head reads (speculation/eagle.py).
+        self.capture_layers: tuple[int, ...] = ()
+        self.captured: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         if getattr(self.config, "tie_word_embeddings", False):
@@ -134,8 +138,13 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.model.embed_tokens(input_ids), None
-        for layer in self.model.layers:
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.capture_layers:
+                kept[i] = x if residual is None else x + residual
             x, residual = layer(x, residual, positions, self.rope, meta)
+        if kept:
+            self.captured = torch.cat([kept[i] for i in self.capture_layers], dim=-1)
         return self.model.norm.add_and_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

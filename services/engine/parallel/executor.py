@@ -56,6 +56,9 @@ class RankSpec:
     max_model_len: int
     kv_blocks_wanted: int | None
     log_level: int = logging.INFO  # rank 0's
+    # The address of this rank's own node when it may not be rank 0's (a Ray actor), for what it
+    # serves to other workers (its NIXL agent); None: rank 0's node, whose worker address is used.
+    node_host: str | None = None
 
     @property
     def init_method(self) -> str:

@@ -33,6 +33,7 @@ class RankContext:
     size: int
     kv_cache: torch.Tensor
     config: Any  # the model's PretrainedConfig
+    node_host: str | None = None  # RankSpec.node_host
     state: dict[str, Any] = field(default_factory=dict)
 
 

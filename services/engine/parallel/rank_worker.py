@@ -44,7 +44,8 @@ def serve(spec: RankSpec) -> None:
         if runner.lora is not None:
             lora = LoRAFollower(spec.engine, config, runner.lora)
         decoder = StepDecoder()
-        tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config))
+        tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config,
+                                                  spec.node_host))
         while (message := channel.recv(conn)) is not None:
             if isinstance(message, StepMessage):
                 runner.execute_follower(decoder.decode(message), message.score_rows)

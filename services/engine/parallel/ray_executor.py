@@ -9,6 +9,7 @@ spawned process would (rank_worker.serve). The process joins the Ray cluster it 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from baton.services.engine.parallel.executor import Executor, RankSpec
@@ -18,11 +19,18 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120.0
 
 
+def on_this_node(spec: RankSpec) -> RankSpec:
+    """The spec with this Ray node's address as the rank's own: the actor may run on another node
+    than rank 0, and a peer worker must reach this rank's NIXL agent there."""
+    import ray
+    return replace(spec, node_host=ray.util.get_node_ip_address())
+
+
 class _RankActor:
     def run(self, spec: RankSpec) -> None:
         from baton.services.engine.parallel.rank_worker import serve
         logging.basicConfig(level=spec.log_level)
-        serve(spec)
+        serve(on_this_node(spec))
 
 
 class RayExecutor(Executor):

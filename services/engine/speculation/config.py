@@ -1,7 +1,8 @@
 """vLLM's `--speculative-config` JSON, parsed and checked up front.
 
-Only what is built is accepted: the n-gram (prompt lookup) proposer and a draft model (`model`: a
-checkpoint folder; vLLM's `method: "draft_model"`, or a `model` with no method). vLLM's other
+Only what is built is accepted: the n-gram (prompt lookup) proposer, a draft model (`model`: a
+checkpoint folder; vLLM's `method: "draft_model"`, or a `model` with no method) and EAGLE heads
+(`method` "eagle" or "eagle3", `model`: the head's folder in its published format). vLLM's other
 methods are refused by name, and so is every key this engine does not read, rather than ignored.
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import PretrainedConfig
+
 from baton.services.common.model_config import load_config
 
 # Bounds on num_speculative_tokens: a verify step computes 1 + k positions per sequence.
@@ -17,12 +20,13 @@ MIN_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS = 1, 16
 KNOWN_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
               "prompt_lookup_max", "disable_by_batch_size")
 # vLLM's other methods: named so that asking for one gets a clear refusal, not "unknown method".
-UNBUILT_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
-                   "suffix")
+UNBUILT_METHODS = ("medusa", "mlp_speculator", "mtp", "suffix")
+# Methods whose model is a checkpoint folder: a draft model or an EAGLE head.
+MODEL_METHODS = ("draft_model", "eagle", "eagle3")
 # vLLM's default prompt lookup window when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 NGRAM_NAMES = ("ngram", "[ngram]")
-SUPPORTED = "supported: 'ngram', 'draft_model'"
+SUPPORTED = "supported: 'ngram', 'draft_model', 'eagle', 'eagle3'"
 
 
 class SpeculativeConfigError(ValueError):
@@ -38,7 +42,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int
     # A step with more running sequences than this does not speculate (None: always speculates).
     disable_by_batch_size: int | None = None
-    # method draft_model: the draft's checkpoint folder
+    # methods draft_model, eagle and eagle3: the draft's or the head's checkpoint folder
     model: str | None = None
 
 
@@ -63,7 +67,7 @@ def _method(raw: dict) -> str:
         raise SpeculativeConfigError(
             f"speculative config: method {method!r} is not supported by this engine yet; "
             f"{SUPPORTED}")
-    if method == "draft_model":
+    if method in MODEL_METHODS:
         return method
     if method not in NGRAM_NAMES:
         raise SpeculativeConfigError(
@@ -74,15 +78,16 @@ def _method(raw: dict) -> str:
     return "ngram"
 
 
-def _draft_model(raw: dict) -> str:
-    """The draft's folder, which must be a checkpoint this engine runs."""
+def _draft_model(raw: dict, method: str) -> str:
+    """The draft's (or head's) folder, which must be a checkpoint folder."""
     model = raw.get("model")
+    what = "draft model" if method == "draft_model" else f"{method} head"
     if not model or not isinstance(model, str):
         raise SpeculativeConfigError(
-            "speculative config: method 'draft_model' needs model, the draft's checkpoint folder")
+            f"speculative config: method {method!r} needs model, the {what}'s checkpoint folder")
     if not (Path(model) / "config.json").is_file():
         raise SpeculativeConfigError(
-            f"speculative config: draft model {model!r} is not a checkpoint folder (no "
+            f"speculative config: {what} {model!r} is not a checkpoint folder (no "
             "config.json there)")
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         if key in raw:
@@ -91,8 +96,16 @@ def _draft_model(raw: dict) -> str:
     return model
 
 
-def check_draft_vocab(config: SpeculativeConfig, target_vocab_size: int) -> None:
-    """A draft proposes token ids of the target's vocabulary: the two must have the same size."""
+def check_draft_vocab(config: SpeculativeConfig, target: PretrainedConfig) -> None:
+    """A draft proposes token ids of the target's vocabulary: the two must have the same size; an
+    EAGLE head must also have the target's hidden size (speculation/eagle_config.py)."""
+    if config.method in ("eagle", "eagle3"):
+        # Imported here: eagle_config reads this module's error.
+        from baton.services.engine.speculation.eagle_config import aux_layers, head_config
+        head = head_config(Path(config.model), config.method == "eagle3", target)
+        if config.method == "eagle3":
+            aux_layers(head, target)
+        return
     if config.model is None:
         return
     try:
@@ -100,10 +113,10 @@ def check_draft_vocab(config: SpeculativeConfig, target_vocab_size: int) -> None
     except (OSError, ValueError) as e:
         raise SpeculativeConfigError(
             f"speculative config: draft model {config.model!r} cannot be served: {e}") from None
-    if draft_vocab != target_vocab_size:
+    if draft_vocab != target.vocab_size:
         raise SpeculativeConfigError(
             f"speculative config: draft model {config.model!r} has a vocabulary of "
-            f"{draft_vocab} tokens, the target {target_vocab_size}; a draft must share the "
+            f"{draft_vocab} tokens, the target {target.vocab_size}; a draft must share the "
             "target's tokenizer and vocabulary")
 
 
@@ -133,8 +146,8 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
             "speculative config: num_speculative_tokens is required (between "
             f"{MIN_SPECULATIVE_TOKENS} and {MAX_SPECULATIVE_TOKENS})")
     cutoff = _int(raw, "disable_by_batch_size", 1)
-    if method == "draft_model":
-        return SpeculativeConfig(method, k, 0, 0, cutoff, _draft_model(raw))
+    if method in MODEL_METHODS:
+        return SpeculativeConfig(method, k, 0, 0, cutoff, _draft_model(raw, method))
     low, high = _int(raw, "prompt_lookup_min", 1), _int(raw, "prompt_lookup_max", 1)
     low, high = (low or high or DEFAULT_PROMPT_LOOKUP), (high or low or DEFAULT_PROMPT_LOOKUP)
     if low > high:

@@ -192,7 +192,8 @@ def build_draft_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     # The draft's rotary tables and graphs are sized to the longest sequence it scores.
     max_len = min(context_length(config), max_model_len)
     settings = engine.model_copy(update={"model": spec.model, "num_kv_blocks": blocks.num_blocks,
-                                         "kv_cache_memory_gib": None})
+                                         "kv_cache_memory_gib": None,
+                                         "speculative_config": None})
     try:
         runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)
     except KVCacheTooLarge as e:

@@ -149,6 +149,9 @@ class CudaIpcKVTransport(NotificationInbox, ObservedTransport):
         with self._lock:
             remote = self._connect(peer, timeout_s)
             if remote_blocks:
+                # the caller's stream may still be writing the destination blocks (a bench's
+                # zeroing, a reused block's last kernels): the copy must land after them
+                self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
                 with torch.cuda.stream(self._stream):
                     copy_blocks(self._bytes, remote.cache, local_blocks, remote_blocks)
                 self._stream.synchronize()

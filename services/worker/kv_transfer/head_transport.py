@@ -75,14 +75,16 @@ def read_rank_share(transport: NixlKVTransport, peer: KVPeer, mine: HeadRange, s
 @dataclass
 class OpenRankAgent(RankTask):
     """A rank other than 0 registers its cache with a NIXL agent of its own; answers its
-    KVRankPeer."""
+    KVRankPeer. The agent listens on the worker's address (`host`) when the rank shares rank 0's
+    node, else on its own node's."""
     name: str
     host: str
     ucx_tls: str | None
 
     def run(self, ctx: RankContext) -> KVRankPeer:
-        transport = NixlKVTransport(ctx.kv_cache, f"{self.name}-rank{ctx.rank}", self.host,
-                                    free_port(self.host), None, self.ucx_tls)
+        host = ctx.node_host or self.host
+        transport = NixlKVTransport(ctx.kv_cache, f"{self.name}-rank{ctx.rank}", host,
+                                    free_port(host), None, self.ucx_tls)
         ctx.state[_STATE_KEY] = transport
         return _rank_peer(transport.local_peer(), _model_heads(ctx.config, ctx.rank, ctx.size))
 

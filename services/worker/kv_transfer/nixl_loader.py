@@ -111,8 +111,11 @@ def configure_ucx_for_cuda(ucx_tls: str | None = None,
     Values the operator already set are kept, except that an explicit `ucx_tls` (a Baton setting)
     wins. Returns what it set."""
     env = os.environ if environ is None else environ
-    # registered memory carries its type; a stale cache misclassifies VRAM
-    wanted = {"UCX_MEMTYPE_CACHE": "n"}
+    # registered memory carries its type; a stale cache misclassifies VRAM. UCX turns cuda_ipc's
+    # GET off on a GPU without active NVLink (openucx/ucx#7566), and a NIXL READ is a GET: without
+    # it the read falls back to copying over TCP (0.09 GB/s between two caches on one H200,
+    # 2026-11-28; ai-dynamo/nixl#1097, fixed the same way in ai-dynamo/nixl#2208).
+    wanted = {"UCX_MEMTYPE_CACHE": "n", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
     module_dir = bundled_ucx_module_dir()
     if module_dir is not None:
         wanted["UCX_MODULE_DIR"] = str(module_dir)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from baton.services.engine.kv.layout import block_runs
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store
 
 if TYPE_CHECKING:
@@ -94,10 +95,13 @@ class CopyWorker(threading.Thread):
         started = time.perf_counter()
         if plan:
             blocks = torch.tensor([s.block for s, _ in plan], device=tiers.device_view.device)
-            slots = torch.tensor([slot for _, slot in plan])
             with self._on_stream():
-                gathered = tiers.device_view.index_select(1, blocks).transpose(0, 1)
-                host.pool.index_copy_(0, slots, gathered.to("cpu"))
+                gathered = tiers.device_view.index_select(1, blocks).transpose(0, 1).contiguous()
+                for slot, first, count in block_runs([slot for _, slot in plan],
+                                                     list(range(len(plan)))):
+                    host.pool[slot:slot + count].copy_(gathered[first:first + count],
+                                                       non_blocking=True)
+                self._sync()
         stats = tiers.stats["host"]
         stats.seconds_stored += time.perf_counter() - started
         stats.blocks_stored += len(plan)
@@ -147,15 +151,26 @@ class CopyWorker(threading.Thread):
                 job.loaded += 1
             disk_done = time.perf_counter()
             if host_pairs:
-                slots = torch.tensor([s for s, _ in host_pairs])
-                blocks = torch.tensor([b for _, b in host_pairs], device=view.device)
-                rows = tiers.host.pool.index_select(0, slots).transpose(0, 1)
-                view.index_copy_(1, blocks, rows.to(view.device))
-            if self.stream is not None:
-                self.stream.synchronize()
+                self._load_host(host_pairs)
+            self._sync()
         self._count_load("disk", disk_blocks, disk_done - started)
         self._count_load("host", len(host_pairs), time.perf_counter() - disk_done)
         self._finish_load(job)
+
+    def _load_host(self, pairs: list[tuple[int, int]]) -> None:
+        """Pinned slots straight to a device buffer, one DMA per run of consecutive slots (a CPU
+        gather first would copy from pageable memory at a fraction of the bus's speed), then one
+        scatter into the cache's blocks."""
+        view, pool = self.tiers.device_view, self.tiers.host.pool
+        rows = torch.empty((len(pairs), *pool.shape[1:]), dtype=pool.dtype, device=view.device)
+        for slot, first, count in block_runs([s for s, _ in pairs], list(range(len(pairs)))):
+            rows[first:first + count].copy_(pool[slot:slot + count], non_blocking=True)
+        blocks = torch.tensor([b for _, b in pairs], device=view.device)
+        view.index_copy_(1, blocks, rows.transpose(0, 1))
+
+    def _sync(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def _count_load(self, tier: str, blocks: int, seconds: float) -> None:
         if blocks:

@@ -1,0 +1,200 @@
+"""The EAGLE proposer (vLLM's methods "eagle" and "eagle3"): a one-layer head (eagle_head.py)
+drafts each sequence's next tokens from the target's hidden states, chained k times over a paged
+KV cache of its own.
+
+The target's model runner hands over each forward pass's hidden states (capture_hidden). The head
+pairs position j's hidden state with the token after it, so a row can only be used once that
+token is known, after verification: rows are kept per sequence until the next draft (or, in a
+step that does not speculate, the next forward pass), when the head runs over the positions that
+were accepted ("catching up"); its output at the sequence's last computed position gives the first
+draft token, and each draft token, paired with the head's own output before it, the next.
+
+The head's cache has the target's blocks (as many, of the same size), so a sequence's block table
+addresses both and the head's KV lives and goes with the target's blocks, as a draft model's does.
+Its KV at the draft tokens' positions is rewritten by the next catch-up, which starts where the
+previous step's rows start. Positions whose hidden states this worker never computed (a prompt
+whose KV came by hand-off, prefix-cache hits) keep what their blocks hold: the drafts there may be
+worse, the outputs are the same (verification keeps them exact).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from weakref import WeakKeyDictionary
+
+import torch
+
+from baton.services.common.model_config import head_dim
+from baton.services.engine.config import EngineConfig
+from baton.services.engine.kv import kv_cache
+from baton.services.engine.kv.block_manager import BlockManager
+from baton.services.engine.kv.kv_cache import KVCacheTooLarge
+from baton.services.engine.layers.attention import Attention
+from baton.services.engine.layers.rotary import RotaryEmbedding
+from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.scheduler import ScheduledSeq
+from baton.services.engine.sequence import Sequence
+from baton.services.engine.speculation.config import SpeculativeConfig, SpeculativeConfigError
+from baton.services.engine.speculation.draft_model import DraftModelProposer, DraftView
+from baton.services.engine.speculation.eagle_config import aux_layers, head_config
+from baton.services.engine.speculation.eagle_head import EagleHead, load_head
+from baton.services.engine.speculation.proposer import Draft
+from baton.services.engine.speculation.speculator import may_speculate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Rows:
+    first: int  # the position of rows[0]
+    rows: torch.Tensor  # [positions, hidden (* 3 for EAGLE-3)]: the target's, from one pass
+    preemptions: int  # the sequence's count then: a preemption takes its blocks away
+
+
+@dataclass
+class Pass:
+    """One head pass's result for a sequence: its item (to chain on), its logits row over the
+    target's vocabulary and its hidden state for the next position."""
+    view: ScheduledSeq
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class HeadRunner(ModelRunner):
+    """The head and its one-layer cache beside the target's; steps are prepared as the target's
+    are (the inherited _prepare), the head reads the target's embedding and lm_head."""
+
+    def __init__(self, engine: EngineConfig, head: EagleHead, target: torch.nn.Module,
+                 num_blocks: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.device, self.block_size, self.lora = device, engine.block_size, None
+        self.executor = self.encoder = self.graphs = self.hidden_sink = None
+        self.head, self.target, self.attention = head, target, head.layer.self_attn.attention
+        self.num_blocks = num_blocks
+        config = head.config
+        self.attention.kv_cache = kv_cache.allocate(config, num_blocks, engine.block_size, dtype,
+                                                    device, config.num_key_value_heads)
+        self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype,
+                                                config.num_key_value_heads)
+
+    @torch.inference_mode()
+    def run(self, batch: list[tuple[ScheduledSeq, torch.Tensor]]) -> dict[int, Pass]:
+        """One pass over (item, hidden rows of its positions) pairs; each item's Pass at its last
+        position, by id(item)."""
+        if not batch:
+            return {}
+        # _prepare packs multi-position items first, as the attention expects.
+        batch = sorted(batch, key=lambda pair: pair[0].num_positions == 1)
+        packed = [item for item, _ in batch]
+        ids, positions, meta, last = self._prepare(packed)
+        hidden = torch.cat([rows for _, rows in batch]).to(self.device)
+        out, nxt = self.head(self.target.model.embed_tokens(ids), hidden, positions, meta)
+        out, nxt = out[last], nxt[last]
+        if self.head.eagle3:
+            logits = self.head.draft_logits(out, self.target.config.vocab_size)
+        else:
+            logits = self.target.compute_logits(out)
+        return {id(item): Pass(item, logits[i], nxt[i]) for i, item in enumerate(packed)}
+
+
+class EagleProposer(DraftModelProposer):
+    """Drafts as the draft-model proposer does (its rooms and picks), from the head's passes."""
+
+    def __init__(self, runner: HeadRunner, blocks: BlockManager, max_model_len: int,
+                 seed: int) -> None:
+        super().__init__(runner, blocks, max_model_len, seed)
+        self.rows: WeakKeyDictionary[Sequence, Rows] = WeakKeyDictionary()
+
+    def observe(self, packed: list[ScheduledSeq], hidden: torch.Tensor) -> None:
+        """The target runner's hidden-state sink: rows a draft did not use yet are used now,
+        before this pass's are kept."""
+        self._catch_up()
+        start = 0
+        for item in packed:
+            n = item.num_positions
+            if may_speculate(item.seq):
+                self.rows[item.seq] = Rows(item.seq.num_computed_tokens, hidden[start:start + n],
+                                           item.seq.num_preemptions)
+            start += n
+
+    def _catch_up(self) -> dict[int, Pass]:
+        """The head over every kept row whose following token is known now (the accepted ones);
+        the Pass of each sequence so brought up to its last computed position, by id(seq)."""
+        batch, seqs = [], {}
+        for seq, kept in list(self.rows.items()):
+            del self.rows[seq]
+            end = min(kept.first + len(kept.rows), seq.num_computed_tokens, seq.num_tokens - 1)
+            if seq.is_finished or seq.num_preemptions != kept.preemptions or end <= kept.first:
+                continue
+            view = ScheduledSeq(DraftView(seq.token_ids[1:end + 1], kept.first, seq.block_ids),
+                                end - kept.first)
+            batch.append((view, kept.rows[:end - kept.first]))
+            if end == seq.num_computed_tokens:
+                seqs[id(view)] = seq
+        return {id(seqs[key]): done for key, done in self.runner.run(batch).items()
+                if key in seqs}
+
+    @torch.inference_mode()
+    def draft(self, step: list[ScheduledSeq],
+              wanted: list[tuple[ScheduledSeq, int]]) -> list[Draft]:
+        passes = self._catch_up()
+        # Only a sequence the head caught up with drafts (not one whose rows it never saw).
+        rooms = {id(item): self._room(item.seq, room) if id(item.seq) in passes else 0
+                 for item, room in wanted}
+        tokens: dict[int, list[int]] = {id(item): [] for item, _ in wanted}
+        probs: dict[int, list[torch.Tensor]] = {id(item): [] for item, _ in wanted}
+        active = [item for item, _ in wanted if rooms[id(item)] > 0]
+        last = {id(item): passes[id(item.seq)] for item in active}
+        while active:
+            self._pick(active, {key: p.logits for key, p in last.items()}, tokens, probs)
+            active = [item for item in active if len(tokens[id(item)]) < rooms[id(item)]]
+            if active:
+                last = self._chain(active, last, tokens)
+        return [Draft(tokens[id(item)], torch.stack(probs[id(item)]) if probs[id(item)] else None)
+                for item, _ in wanted]
+
+    def _chain(self, active: list[ScheduledSeq], last: dict[int, Pass],
+               tokens: dict[int, list[int]]) -> dict[int, Pass]:
+        """The head at the next position of each active item: its newest draft token with the
+        head's own hidden state before it."""
+        batch, keys = [], {}
+        for item in active:
+            done = last[id(item)]
+            view = done.view
+            view.seq.num_computed_tokens = view.seq.num_tokens
+            view.seq.token_ids.append(tokens[id(item)][-1])
+            view.num_tokens = 1
+            batch.append((view, done.hidden[None]))
+            keys[id(view)] = id(item)
+        return {keys[key]: done for key, done in self.runner.run(batch).items()}
+
+
+def build_eagle_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: BlockManager,
+                         target: ModelRunner, dtype: torch.dtype,
+                         max_model_len: int) -> EagleProposer:
+    """The head and its cache beside the target's (its dtype and device, as many blocks), and the
+    target's runner set to hand it hidden states. Raises SpeculativeConfigError for a head that
+    does not fit the target or whose cache does not fit beside the target's."""
+    eagle3 = spec.method == "eagle3"
+    folder, model = Path(spec.model), target.model
+    config = head_config(folder, eagle3, model.config)
+    layers = aux_layers(config, model.config) if eagle3 else None
+    settings = engine.model_copy(update={"num_kv_blocks": blocks.num_blocks,
+                                         "kv_cache_memory_gib": None})
+    try:
+        kv_cache.num_blocks(settings, config, dtype, target.device, max_model_len)
+    except KVCacheTooLarge as e:
+        raise SpeculativeConfigError(
+            f"speculative config: the EAGLE head's KV cache ({blocks.num_blocks} blocks, as many "
+            "as the target's) does not fit beside the target's; set --num-kv-blocks or "
+            f"--kv-cache-memory-gib so that both fit ({e})") from None
+    attention = Attention(head_dim(config) ** -0.5, target.attention.backend, engine.block_size)
+    head = load_head(folder, config, attention, eagle3, dtype, target.device)
+    head.config = config
+    head.rope = RotaryEmbedding(config, head_dim(config), max_model_len).to(target.device)
+    runner = HeadRunner(engine, head, model, blocks.num_blocks, dtype, target.device)
+    proposer = EagleProposer(runner, blocks, max_model_len, engine.seed)
+    target.capture_hidden(layers, proposer.observe)
+    log.info("%s head %s: %d KV blocks beside the target's%s", spec.method, spec.model,
+             blocks.num_blocks, f", fusing layers {list(layers)}" if layers else "")
+    return proposer
