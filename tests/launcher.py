@@ -5,7 +5,8 @@
   more, not yet ready (one that joins a running stack, say).
 - `launch_sim_worker` / `launch_router` / `launch_gateway`: single services started side by side,
   not yet ready (the caller waits), for the router service, tracing and migration tests;
-  `sim_gateway`: the three together, ready, for tests of the gateway's HTTP side.
+  `sim_backend` and `gateway_on`: a sim worker and a router, ready, and gateways over them, for
+  tests of the gateway's HTTP side (tests/gateway/conftest.py shares one backend per session).
 Plus what every caller needs around them: metric scrapes, stopping, waiting for a condition."""
 from __future__ import annotations
 
@@ -281,21 +282,31 @@ def launch_gateway(name: str, router_address: str, *extra: str,
 
 
 @contextlib.contextmanager
-def sim_gateway(*gateway_args: str) -> Iterator[int]:
-    """A sim worker (50 ms per step), a router and a gateway started with `gateway_args`, all
-    ready: the gateway's HTTP port. All three stop when the block ends."""
+def sim_backend() -> Iterator[str]:
+    """A sim worker (50 ms per step) and a router over it, both ready: the router's address. Both
+    stop when the block ends."""
     started: list[ServiceProcess] = []
     try:
         worker, address = launch_sim_worker("worker", "--sim-step-base-seconds", "0.05")
         started.append(worker.wait_ready())
         router, _ = launch_router("router", "--workers", address)
         started.append(router.wait_ready())
-        gateway, port = launch_gateway("gateway", router.address, *gateway_args)
-        started.append(gateway.wait_ready())
-        yield port
+        yield router.address
     finally:
         for service in reversed(started):
             service.terminate()
+
+
+@contextlib.contextmanager
+def gateway_on(router_address: str, *gateway_args: str) -> Iterator[int]:
+    """A gateway over `router_address` started with `gateway_args`, ready: its HTTP port. It stops
+    when the block ends."""
+    gateway, port = launch_gateway("gateway", router_address, *gateway_args)
+    try:
+        gateway.wait_ready()
+        yield port
+    finally:
+        gateway.terminate()
 
 
 # -- stopping and waiting -------------------------------------------------------------------------

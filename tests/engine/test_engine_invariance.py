@@ -49,7 +49,12 @@ def test_outputs_identical_across_settings(llama, prompts, baseline, name):
 
 
 def test_one_request_alone_matches_batched(llama, prompts, baseline):
-    alone = [greedy(llama, [p])[0][0] for p in prompts[:16]]
+    # One engine, one request at a time: each runs alone in its batch (the first 16 prompts share
+    # no prefix, so none reuses another's cached blocks either).
+    first, engine = greedy(llama, prompts[:1])
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    alone = first + [engine.generate([p], params)[0].token_ids for p in prompts[1:16]]
+    assert engine.scheduler.stats.prefix_cache_hits == 0
     assert alone == baseline[:16]
 
 

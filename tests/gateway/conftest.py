@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.launcher import start_stack
+from tests.launcher import sim_backend, start_stack
 
 KEYS = """
 tenants:
@@ -53,6 +53,14 @@ def colocated(model):
     stack = start_stack(model, "colocated", gateway_args=["--slos="])
     yield stack
     stack.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_router():
+    """A sim worker (50 ms per step) and a router: the router's address, for the tests of the
+    gateway's HTTP side, each starting its own gateway over it."""
+    with sim_backend() as address:
+        yield address
 
 
 @pytest.fixture(scope="session", params=["disaggregated", "colocated"])

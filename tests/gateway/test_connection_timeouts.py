@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from tests.launcher import scrape, sim_gateway
+from tests.launcher import gateway_on, scrape
 
 DEADLINE_S = 1.0
 SLACK_S = 8.0  # a loaded test machine fires timers late (seconds late on 2 busy cores), never early
@@ -20,11 +20,11 @@ HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: applica
 
 
 @pytest.fixture(scope="module")
-def port():
-    """A sim worker (50 ms per step), a router and a gateway with one-second deadlines."""
-    with sim_gateway("--slos=", f"--http-idle-timeout-s={DEADLINE_S}",
-                     f"--http-header-timeout-s={DEADLINE_S}",
-                     f"--http-body-timeout-s={DEADLINE_S}") as port:
+def port(sim_router):
+    """A gateway with one-second deadlines over the session's sim worker (50 ms per step)."""
+    with gateway_on(sim_router, "--slos=", f"--http-idle-timeout-s={DEADLINE_S}",
+                    f"--http-header-timeout-s={DEADLINE_S}",
+                    f"--http-body-timeout-s={DEADLINE_S}") as port:
         yield port
 
 

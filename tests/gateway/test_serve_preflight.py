@@ -1,12 +1,14 @@
 """`baton serve` checks what it can before it starts any process: a missing model folder, a busy
 port, a bad flag or value for any process is one clear line and exit status 2, at once (before,
-the workers loaded for a while and the stack then failed with a page of logs)."""
+the workers loaded for a while and the stack then failed with a page of logs). The cases run side
+by side (each is a process that imports the serving stack's libraries: seconds of one core)."""
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,11 +51,24 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def outcomes(tiny_model_dirs, tmp_path_factory,
+             busy_port: int) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Each case's folder and what `baton serve` did with its arguments, all run at once."""
+    folders = {case: tmp_path_factory.mktemp("preflight") for case in CASES}
+
+    def run(case: str) -> subprocess.CompletedProcess[str]:
+        return serve(*CASES[case][0](tiny_model_dirs["llama"], folders[case], busy_port))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(CASES, pool.map(run, CASES)))
+    return {case: (folders[case], results[case]) for case in CASES}
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_a_mistake_is_one_line_before_anything_starts(case: str, tiny_model_dirs, tmp_path: Path,
-                                                      busy_port: int) -> None:
-    argv, expected = CASES[case]
-    result = serve(*argv(tiny_model_dirs["llama"], tmp_path, busy_port))
+def test_a_mistake_is_one_line_before_anything_starts(case: str, outcomes, busy_port: int) -> None:
+    tmp_path, result = outcomes[case]
+    expected = CASES[case][1]
     lines = [line for line in (result.stdout + result.stderr).splitlines()
              if " WARNING " not in line]
     assert result.returncode == 2, result.stdout + result.stderr

@@ -8,12 +8,12 @@ import httpx
 import openai
 import pytest
 
-from tests.launcher import sim_gateway, wait_for
+from tests.launcher import gateway_on, wait_for
 
 
 @pytest.fixture(scope="module")
-def port():
-    with sim_gateway("--slos=") as port:
+def port(sim_router):
+    with gateway_on(sim_router, "--slos=") as port:
         yield port
 
 
