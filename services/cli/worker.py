@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from baton.services.worker.server import serve  # heavy imports only when the command runs
 
+    from baton.services.engine.lora.modules import LoRAError
     from baton.services.engine.parallel.sharding import ShardingError
+    from baton.services.engine.speculation.config import SpeculativeConfigError
 
     engine_config = settings_from_args(EngineConfig, args)
     worker_config = settings_from_args(WorkerConfig, args)
@@ -37,5 +39,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{worker_config.kv_transport}")
     try:
         return asyncio.run(serve(worker_config, engine_config, sim_runner_for(engine_config)))
-    except ShardingError as e:
+    except (ShardingError, LoRAError, SpeculativeConfigError) as e:
+        # A model it cannot split, an adapter it cannot take, a draft or EAGLE head that cannot
+        # serve it: found while the engine loads, before anything listens.
         raise SystemExit(f"baton worker: {e}") from None

@@ -125,3 +125,14 @@ def test_run_batch_refuses_a_head_that_cannot_serve(tiny_model_dirs, tmp_path, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_worker_refuses_a_head_that_cannot_serve(tiny_model_dirs, tmp_path):
+    target = tiny_model_dirs["llama"]
+    head = make_head(target, tmp_path / "head", False)
+    (head / WEIGHTS).unlink()
+    argv = ["worker", "--model", str(target), *FLAGS, "--host", "127.0.0.1", "--port", "0",
+            "--speculative-config", spec(head, "eagle")]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert str(exited.value).startswith("baton worker: ") and "has no weights" in str(exited.value)
