@@ -122,16 +122,18 @@ class RouterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkers(self, request, context):
-        """The live workers and their addresses: the gateway fans runtime LoRA loads and unloads out to them.
+        """The live workers and their addresses: the gateway fans runtime LoRA loads and unloads
+        out to them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SetRuntimeLoRA(self, request, context):
-        """Records a LoRA adapter loaded (or unloaded) at runtime as the fleet's desired state: the router loads it onto
-        every worker of its base model that lacks it (one that registers, restarts or is discovered later) and places
-        requests for it only on workers that have it. Unknown model: NOT_FOUND; a missing name: INVALID_ARGUMENT.
+        """Records a LoRA adapter loaded (or unloaded) at runtime as the fleet's desired state: the
+        router loads it onto every worker of its base model that lacks it (one that registers,
+        restarts or is discovered later) and places requests for it only on workers that have it.
+        Unknown model: NOT_FOUND; a missing name: INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
