@@ -146,11 +146,6 @@ class EngineConfig(BatonSettings):
             raise ValueError("the disk KV tier (--kv-offload-disk-dir) with "
                              "--tensor-parallel-size > 1 is not supported yet (the host tier "
                              "--kv-offload-host-gib is)")
-        # An EAGLE head reads the target's hidden states, captured on rank 0 only so far.
-        spec = parse_speculative_config(self.speculative_config)
-        if spec is not None and spec.method in ("eagle", "eagle3"):
-            raise ValueError(f"speculative method {spec.method!r} with --tensor-parallel-size > 1 "
-                             "is not supported yet ('ngram' and 'draft_model' are)")
         return self
 
     @model_validator(mode="after")

@@ -33,12 +33,14 @@ from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.layers.attention import Attention
 from baton.services.engine.layers.rotary import RotaryEmbedding
 from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.parallel.state import solo
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import SpeculativeConfig, SpeculativeConfigError
 from baton.services.engine.speculation.draft_model import DraftModelProposer, DraftView
 from baton.services.engine.speculation.eagle_config import aux_layers, head_config
 from baton.services.engine.speculation.eagle_head import EagleHead, load_head
+from baton.services.engine.speculation.eagle_vocab import TargetVocab, shared_vocab, whole_vocab
 from baton.services.engine.speculation.proposer import Draft
 from baton.services.engine.speculation.speculator import may_speculate
 
@@ -63,13 +65,15 @@ class Pass:
 
 class HeadRunner(ModelRunner):
     """The head and its one-layer cache beside the target's; steps are prepared as the target's
-    are (the inherited _prepare), the head reads the target's embedding and lm_head."""
+    are (the inherited _prepare), the head reads the target's embedding and lm_head (vocab)."""
 
-    def __init__(self, engine: EngineConfig, head: EagleHead, target: torch.nn.Module,
-                 num_blocks: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, engine: EngineConfig, head: EagleHead, vocab: TargetVocab,
+                 vocab_size: int, num_blocks: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.device, self.block_size, self.lora = device, engine.block_size, None
         self.executor = self.encoder = self.graphs = self.hidden_sink = None
-        self.head, self.target, self.attention = head, target, head.layer.self_attn.attention
+        self.head, self.vocab, self.attention = head, vocab, head.layer.self_attn.attention
+        self.vocab_size = vocab_size
         self.num_blocks = num_blocks
         config = head.config
         self.attention.kv_cache = kv_cache.allocate(config, num_blocks, engine.block_size, dtype,
@@ -88,12 +92,12 @@ class HeadRunner(ModelRunner):
         packed = [item for item, _ in batch]
         ids, positions, meta, last = self._prepare(packed)
         hidden = torch.cat([rows for _, rows in batch]).to(self.device)
-        out, nxt = self.head(self.target.model.embed_tokens(ids), hidden, positions, meta)
+        out, nxt = self.head(self.vocab.embed(ids), hidden, positions, meta)
         out, nxt = out[last], nxt[last]
         if self.head.eagle3:
-            logits = self.head.draft_logits(out, self.target.config.vocab_size)
+            logits = self.head.draft_logits(out, self.vocab_size)
         else:
-            logits = self.target.compute_logits(out)
+            logits = self.vocab.logits(out)
         return {id(item): Pass(item, logits[i], nxt[i]) for i, item in enumerate(packed)}
 
 
@@ -179,6 +183,9 @@ def build_eagle_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     folder, model = Path(spec.model), target.model
     config = head_config(folder, eagle3, model.config)
     layers = aux_layers(config, model.config) if eagle3 else None
+    # Before the cache's check: rank 0's lm_head copy (eagle_vocab.py) is on the device.
+    vocab = shared_vocab(model) if engine.tensor_parallel_size == 1 else whole_vocab(
+        Path(engine.model), model.config, eagle3, dtype, target.device)
     settings = engine.model_copy(update={"num_kv_blocks": blocks.num_blocks,
                                          "kv_cache_memory_gib": None})
     try:
@@ -189,10 +196,13 @@ def build_eagle_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
             "as the target's) does not fit beside the target's; set --num-kv-blocks or "
             f"--kv-cache-memory-gib so that both fit ({e})") from None
     attention = Attention(head_dim(config) ** -0.5, target.attention.backend, engine.block_size)
-    head = load_head(folder, config, attention, eagle3, dtype, target.device)
+    # Whole on rank 0 under tensor parallelism: its layers join no collective.
+    with solo():
+        head = load_head(folder, config, attention, eagle3, dtype, target.device)
     head.config = config
     head.rope = RotaryEmbedding(config, head_dim(config), max_model_len).to(target.device)
-    runner = HeadRunner(engine, head, model, blocks.num_blocks, dtype, target.device)
+    runner = HeadRunner(engine, head, vocab, model.config.vocab_size, blocks.num_blocks, dtype,
+                        target.device)
     proposer = EagleProposer(runner, blocks, max_model_len, engine.seed)
     target.capture_hidden(layers, proposer.observe)
     log.info("%s head %s: %d KV blocks beside the target's%s", spec.method, spec.model,
