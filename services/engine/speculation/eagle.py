@@ -15,6 +15,32 @@ Its KV at the draft tokens' positions is rewritten by the next catch-up, which s
 previous step's rows start. Positions whose hidden states this worker never computed (a prompt
 whose KV came by hand-off, prefix-cache hits) keep what their blocks hold: the drafts there may be
 worse, the outputs are the same (verification keeps them exact).
+
+Under tensor parallelism the head runs whole on rank 0 alone, as a draft model does: the hidden
+states it reads are rank 0's full rows (the residual stream is whole on every rank after each
+all-reduce, EAGLE-3's layer inputs too), and only its tokens reach the other ranks, in the step's
+message. It needs the target's embedding and (EAGLE-1) lm_head whole, which rank 0 reads from the
+checkpoint itself (eagle_vocab.py: the embedding in host memory, the lm_head on the device). The
+other way, the head sharded over every rank in lockstep, was weighed for Llama-3 8B and 70B
+(vocabulary 128256, hidden 4096 / 8192, 8 KV heads; bf16; k draft positions take k head passes):
+- Memory. Whole on rank 0: the head (EAGLE-1 0.47 / 1.84 GiB, EAGLE-3 with its 32K-token lm_head
+  0.79 / 2.61 GiB), EAGLE-1's lm_head copy (0.98 / 1.96 GiB) and 4 KiB of head KV per token
+  beside the target's 128 / 320 KiB / TP. Every rank has the fewest blocks any rank fits, so all
+  lose what rank 0 spends: 70B at TP=8 with EAGLE-1, about 15% of the KV blocks (3.8 GiB of a
+  ~54 GiB cache, and 4 of 44 KiB a token); 8B at TP=2, about 8%. Sharded: 1/TP of the head
+  and of its KV, no copy; 70B at TP=8 about 2%.
+- Collectives. Whole on rank 0: none. Sharded: per head pass, the embedding's, o_proj's and
+  down_proj's all-reduces ([tokens, hidden]), a gather of the logits to rank 0 (EAGLE-1: 0.5 MB
+  a sequence in float32) and a message to the other ranks with the batch and the tokens rank 0
+  just picked, which must reach them before the next pass; the other ranks would also keep the
+  hidden rows and mirror the proposer's catch-up bookkeeping.
+- Time. A draft pass is bound by its weight reads: whole, rank 0 reads the head and lm_head alone
+  (70B EAGLE-1: 3.8 GiB, ~1.2 ms a pass on an H100) while the others wait; sharded, 1/TP of that
+  plus the five collectives' latencies.
+Whole on rank 0 is taken: the followers and their messages stay as they are, no pass waits on a
+slow rank, and at TP=2 (8B's usual shape) the sharded head would save ~0.2 ms a pass and ~5% of
+the blocks at the price of a second step protocol. At 70B over 8 ranks the sharded head's lower
+memory and per-pass time are worth that protocol; it is the next step (docs/architecture.md).
 """
 from __future__ import annotations
 
