@@ -2,22 +2,27 @@
 outputs are TP=1's without speculation token for token, with drafts accepted in part (so the head's
 KV is rolled back), each of a share of the drafts the head's own greedy continuation (a float64
 reference from scratch), on targets whose KV heads split (2 over 2 ranks) and are replicated (1);
-rank 0's whole copies of the target's embedding and lm_head are the target's own tables."""
+rank 0's whole copies of the target's embedding and lm_head are the target's own tables; a head
+refused after the ranks started stops them."""
 from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from baton.services.checkpoints.tiny_model import TinyModelSpec, make_tiny_model
 from baton.services.common.model_config import load_config
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.parallel.state import get_tp_group
+from baton.services.engine.speculation.config import SpeculativeConfigError
 from baton.services.engine.speculation.eagle_vocab import lm_head_bytes, shared_vocab, whole_vocab
 from baton.services.engine.speculation.footprint import draft_footprint
-from tests.engine.eagle_helpers import agreeing_head, bigram_target, make_head
+from tests.engine.eagle_helpers import WEIGHTS, agreeing_head, bigram_target, make_head
 from tests.engine.eagle_reference import EagleReference
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.test_speculation_draft import DraftRecorder, assert_all_blocks_free
@@ -116,3 +121,19 @@ def test_an_eagle1_footprint_at_tp_counts_rank0s_lm_head(tiny_model_dirs, tmp_pa
     # An EAGLE-3 head scores with its own lm_head.
     assert draft_footprint(spec3, config, 4, torch.float32, 2) == draft_footprint(
         spec3, config, 4, torch.float32)
+
+
+def test_a_head_refused_at_tp2_stops_the_other_rank(tiny_model_dirs, tmp_path):
+    """The head loads after the ranks are up: refusing it stops them and leaves this process out
+    of the group, so that an engine built next starts afresh."""
+    target = tiny_model_dirs["llama"]
+    head = make_head(target, tmp_path / "head", False)
+    weights = load_file(head / WEIGHTS)
+    del weights["fc.weight"]
+    save_file(weights, head / WEIGHTS)
+    spec = json.dumps({"method": "eagle", "model": str(head), "num_speculative_tokens": 2})
+    with pytest.raises(SpeculativeConfigError, match="lacks tensors for: .*fc.weight"):
+        LLMEngine(EngineConfig(model=str(target), speculative_config=spec,
+                               tensor_parallel_size=2, **ENGINE))
+    assert get_tp_group().size == 1
+    assert not psutil.Process().children()
