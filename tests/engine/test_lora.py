@@ -4,6 +4,7 @@ once, against transformers + peft; slots under pressure (no thrashing); KV never
 adapters."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,26 @@ def test_mixed_batch_matches_peft(case: dict, kwargs: dict) -> None:
     # each adapter was copied into a slot once, however the requests interleaved.
     assert stats.slot_loads == len(case["adapters"])
     assert stats.generation_tokens == {n: PROMPTS_EACH * NEW_TOKENS for n in case["adapters"]}
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_speculation_keeps_each_adapters_outputs(case: dict, method: str) -> None:
+    """Drafts come from the base (the base model as its own draft, or n-grams of the text) and the
+    target verifies them under each request's adapter: outputs are still transformers + peft's.
+    With the base as draft, a verify pass that read the base at the draft positions would accept
+    the base's tokens and fail the comparison."""
+    spec: dict = {"method": method, "num_speculative_tokens": 3}
+    spec |= ({"model": str(case["model"])} if method == "draft_model"
+             else {"prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    engine = _engine(case, max_loras=3, speculative_config=json.dumps(spec))
+    got = _run_all(engine, case)
+    for (name, i), tokens in got.items():
+        want, gaps = case["want"][name][i]
+        assert_matches(tokens, want, gaps, f"{method}: adapter {name} prompt {i}")
+    assert engine.speculator.stats.num_drafts > 0
+    if method == "draft_model":
+        assert engine.speculator.stats.num_accepted_tokens > 0
+        assert engine.speculator.proposer.runner.lora is None, "the draft carries no adapters"
 
 
 def test_no_thrashing_when_adapters_outnumber_slots(case: dict) -> None:
