@@ -12,6 +12,7 @@ import pytest
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
+from tests.engine.eagle_helpers import make_head
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import (assert_matches, greedy_reference, make_adapters,
                                        reference_model)
@@ -78,15 +79,17 @@ def test_mixed_batch_matches_peft(case: dict, kwargs: dict) -> None:
     assert stats.generation_tokens == {n: PROMPTS_EACH * NEW_TOKENS for n in case["adapters"]}
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
-def test_speculation_keeps_each_adapters_outputs(case: dict, method: str) -> None:
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "eagle"])
+def test_speculation_keeps_each_adapters_outputs(case: dict, method: str, tmp_path: Path) -> None:
     """Drafts come from the base (the base model as its own draft, or n-grams of the text) and the
     target verifies them under each request's adapter: outputs are still transformers + peft's.
-    With the base as draft, a verify pass that read the base at the draft positions would accept
+    An EAGLE head reads the adapted target's hidden states. With the base as draft, a verify pass that read the base at the draft positions would accept
     the base's tokens and fail the comparison."""
     spec: dict = {"method": method, "num_speculative_tokens": 3}
-    spec |= ({"model": str(case["model"])} if method == "draft_model"
-             else {"prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    spec |= {"draft_model": {"model": str(case["model"])},
+             "ngram": {"prompt_lookup_min": 1, "prompt_lookup_max": 3},
+             # a random head: drafts mostly rejected, the verify pass still under each adapter
+             "eagle": {"model": str(make_head(case["model"], tmp_path / "head", False))}}[method]
     engine = _engine(case, max_loras=3, speculative_config=json.dumps(spec))
     got = _run_all(engine, case)
     for (name, i), tokens in got.items():
