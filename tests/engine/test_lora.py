@@ -81,15 +81,17 @@ def test_mixed_batch_matches_peft(case: dict, kwargs: dict) -> None:
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "eagle"])
 def test_speculation_keeps_each_adapters_outputs(case: dict, method: str, tmp_path: Path) -> None:
-    """Drafts come from the base (the base model as its own draft, or n-grams of the text) and the
-    target verifies them under each request's adapter: outputs are still transformers + peft's.
-    An EAGLE head reads the adapted target's hidden states. With the base as draft, a verify pass that read the base at the draft positions would accept
-    the base's tokens and fail the comparison."""
+    """Drafts come from the base (the base model as its own draft, n-grams of the text, an EAGLE
+    head over the adapted target's hidden states) and the target verifies them under each
+    request's adapter: outputs are still transformers + peft's. With the base as draft, a verify
+    pass that read the base at the draft positions would accept the base's tokens and fail."""
     spec: dict = {"method": method, "num_speculative_tokens": 3}
-    spec |= {"draft_model": {"model": str(case["model"])},
-             "ngram": {"prompt_lookup_min": 1, "prompt_lookup_max": 3},
-             # a random head: drafts mostly rejected, the verify pass still under each adapter
-             "eagle": {"model": str(make_head(case["model"], tmp_path / "head", False))}}[method]
+    if method == "ngram":
+        spec |= {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    elif method == "draft_model":
+        spec["model"] = str(case["model"])
+    else:  # a random head: drafts mostly rejected, the verify pass still under each adapter
+        spec["model"] = str(make_head(case["model"], tmp_path / "head", False))
     engine = _engine(case, max_loras=3, speculative_config=json.dumps(spec))
     got = _run_all(engine, case)
     for (name, i), tokens in got.items():
