@@ -153,8 +153,6 @@ class EngineConfig(BatonSettings):
         # vLLM's rule: naming adapters turns LoRA on; the host cache holds at least the slots.
         if self.lora_modules:
             self.enable_lora = True
-        if self.enable_lora and self.speculative_config is not None:
-            raise ValueError("LoRA adapters with --speculative-config are not supported yet")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                              f"({self.max_loras})")
