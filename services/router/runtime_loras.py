@@ -61,6 +61,12 @@ class RuntimeLoRAs:
                     confirm(self._workers[worker_id], name, self._clock())
             self._on_change()
 
+    def wanted(self, model: str) -> tuple[tuple[str, str], ...]:
+        """The model's runtime adapters as (name, folder) pairs, by name (GetStats: a gateway
+        re-asserts what a restarted router lacks)."""
+        with self._lock:
+            return tuple(sorted(self._wanted.get(model, {}).items()))
+
     def to_load(self, worker_id: str) -> list[LoRALoad]:
         """The runtime adapters the worker lacks (none before its first report), less those whose
         load failed there within RETRY_FAILED_S."""
