@@ -87,10 +87,14 @@ def _log_refused(request_id: str, url: str, error: UpdateFailed) -> None:
             "request %s: %s refused: %s", request_id, url, error.detail)
 
 
+def _updates(gateway: Gateway) -> LoRAUpdates:
+    orchestrator = gateway.orchestrator
+    return LoRAUpdates(orchestrator.channel, orchestrator.workers, gateway.lora_record)
+
+
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
-    updates = LoRAUpdates(gateway.orchestrator.channel, gateway.orchestrator.workers,
-                          gateway.lora_record)
+    updates = _updates(gateway)
 
     async def guarded(url: str, request: Request,
                       update: Callable[[str, Any], Awaitable[str]]) -> Response:
