@@ -52,9 +52,15 @@ class LoRAReconciler:
         if lost or _missing(self._known, reported, {m.name for m in served}):
             self._wake.set()
 
+    @property
+    def due(self) -> bool:
+        """Whether the router's stats have woken a reconcile not run yet."""
+        return self._wake.is_set()
+
     async def reconcile(self) -> int:
         """Sends the router what it lacks of the record; how many adapters. A store or router
         that does not answer is logged (once) and tried again at the next wake."""
+        self._wake.clear()  # what woke it is read now
         try:
             return await self._reconcile()
         except StoreUnavailable as e:
@@ -98,7 +104,6 @@ class LoRAReconciler:
     async def watch(self) -> None:
         """At start, then at each wake or every interval_s."""
         while True:
-            self._wake.clear()
             await self.reconcile()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval_s)
