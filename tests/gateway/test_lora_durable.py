@@ -20,7 +20,8 @@ from baton.services.checkpoints.tiny_lora import make_tiny_lora
 from baton.services.checkpoints.tiny_model import embedded_model_path
 from baton.services.common.process import ServiceProcess, free_port
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tests.launcher import launch_gateway, launch_router, launch_sim_worker, stop_all, wait_for
+from tests.launcher import (launch_gateway, launch_router, launch_sim_worker, scrape, stop_all,
+                            wait_for)
 from tests.responses.conftest import PG, pg_admin
 
 KEYS = """
@@ -120,6 +121,19 @@ def _answers(client: openai.OpenAI, model: str) -> bool:
     return True
 
 
+def _drain_all_but(fleet: Fleet, address: str) -> None:
+    """Drains every worker but the one at `address`, once the router lists both."""
+    with grpc.insecure_channel(fleet.router.address) as channel:
+        router = router_pb2_grpc.RouterStub(channel)
+
+        def listed() -> list[router_pb2.WorkerEndpoint]:
+            return list(router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=30).workers)
+
+        wait_for(lambda: len(listed()) == 2, timeout=RESTART_S, what="the router lists both")
+        router.Drain(router_pb2.DrainRequest(
+            worker_ids=[w.worker_id for w in listed() if w.address != address]), timeout=30)
+
+
 def _load(fleet: Fleet, gateway: str, name: str, adapter: Path) -> None:
     loaded = fleet.post(gateway, "load", {"lora_name": name, "lora_path": str(adapter)})
     assert loaded.status_code == 200, loaded.text
@@ -155,20 +169,19 @@ def test_loads_outlive_a_router_restart_and_reach_a_later_worker(fleet, adapter)
              what="gateway b re-asserts the loads (one made through a) to the new router")
     assert any("re-asserted runtime LoRA adapter durable" in line
                for line in fleet.gateways["b"].output)
-    late, address = launch_sim_worker("sim-worker-2", *SIM_LORA,
+    metrics_port = free_port()
+    late, address = launch_sim_worker("sim-worker-2", *SIM_LORA, f"--metrics-port={metrics_port}",
                                       f"--router={fleet.router.address}")
     fleet.services.append(late)
     late.wait_ready()
     wait_for(lambda: {"durable", "via-b"} <= _served(address), timeout=RESTART_S,
              what="the new router loads the adapters onto the worker that started after it")
     assert "dropped" not in _served(address) and "dropped" not in fleet.wanted()
-    with grpc.insecure_channel(fleet.router.address) as channel:
-        router = router_pb2_grpc.RouterStub(channel)
-        listed = router.ListWorkers(router_pb2.ListWorkersRequest(), timeout=30).workers
-        router.Drain(router_pb2.DrainRequest(
-            worker_ids=[w.worker_id for w in listed if w.address != address]), timeout=30)
+    _drain_all_but(fleet, address)
     client = fleet.client("b")
     wait_for(lambda: _answers(client, "durable"), timeout=RESTART_S,
              what="requests for the adapter run on the later worker")
+    assert scrape(f"http://127.0.0.1:{metrics_port}/metrics",
+                  "baton_lora_generation_tokens_total", lora_name="durable") > 0
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="dropped", prompt="Hello", max_tokens=4)
