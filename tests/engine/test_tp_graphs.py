@@ -1,5 +1,5 @@
 """Decode graphs under tensor parallelism, on CPU: every rank captures the same buckets (the time
-limit agreed bucket by bucket over gloo, in spawned ranks), followers replay exactly the bucket
+limit agreed bucket by bucket, between a TP=2 engine's ranks), followers replay exactly the bucket
 rank 0 names in its step message (an in-process follower mirroring rank 0's steps, and the
 decision's cases one by one), and greedy outputs at TP=2 through the bucketed decode path (run
 eagerly, as enforce_eager runs it on CUDA, with the Triton attention in interpreter mode) are
@@ -16,13 +16,18 @@ from baton.services.engine.cuda_graphs import DecodeBatch, bucket_sizes, capture
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.parallel.state import solo
 from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, StepDecoder,
-                                                      StepEncoder, _Tokens)
+                                                      StepEncoder)
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.tp_graph_helpers import TIME_LIMIT_S, CaptureTask, capture, slow_clock
 
-ENGINE = dict(dtype="float32", device="cpu", attention_backend="triton", num_kv_blocks=64,
+# Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use:
+# there the same tests run on the GPU, the buckets eager as on CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ENGINE = dict(dtype="float32", device=DEVICE, attention_backend="triton", num_kv_blocks=64,
               max_model_len=256, max_num_batched_tokens=32, cuda_graph_max_batch_size=4,
-              num_threads=1)
+              num_threads=1, enforce_eager=True)
+TP2 = pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                         reason="TP=2 on CUDA needs two GPUs")
 MAX_TOKENS = 8
 
 
@@ -92,7 +97,8 @@ def test_followers_replay_the_bucket_rank0_names(mirrored):
 
 def _item(tokens: int = 1, draft: tuple[int, ...] = (), lora: int | None = None,
           prompt_logprobs: bool = False) -> MirrorItem:
-    seq = MirrorSeq(20, _Tokens(20, [7] * tokens), [0, 1], prompt_logprobs, lora)
+    # The decision reads the items' shapes and flags only, never their tokens.
+    seq = MirrorSeq(20, [7] * (20 + tokens), [0, 1], prompt_logprobs, lora)
     return MirrorItem(seq, tokens, True, list(draft))
 
 
@@ -133,6 +139,7 @@ def tp2(tiny_model_dirs, prompts):
         engine.close()
 
 
+@TP2
 def test_tp2_through_the_bucketed_decode_path_matches_tp1(tp2, mirrored):
     engine, out, sent = tp2
     assert out == mirrored[-1]
@@ -140,11 +147,12 @@ def test_tp2_through_the_bucketed_decode_path_matches_tp1(tp2, mirrored):
     assert any(m.bucket is not None and m.bucket > len(m.seqs) for m in sent)
 
 
+@TP2
 def test_every_rank_stops_capturing_at_the_same_bucket(tp2):
     executor = tp2[0].runner.executor
     # Rank 1 passes the limit after two buckets; rank 0 alone would capture all seven.
     task = executor.post(CaptureTask(step_s=10.0))
-    ours = capture(step_s=0.0)
+    ours = capture(step_s=0.0, device=tp2[0].runner.device)
     [theirs] = executor.wait(task, timeout_s=60)
     assert ours == tuple(theirs) == ([32, 40], [2.0, 2.0])
 

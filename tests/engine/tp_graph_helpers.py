@@ -21,12 +21,12 @@ def slow_clock(step_s: float) -> Callable[[], float]:
     return lambda: next(ticks) * step_s
 
 
-def capture(step_s: float) -> tuple[list[int], list[float]]:
+def capture(step_s: float, device: torch.device) -> tuple[list[int], list[float]]:
     """The buckets of a batch of 40 this rank keeps, and what each all-reduce summed."""
     sums: list[float] = []
 
     def capture_one(bucket: int) -> int:
-        sums.append(get_tp_group().all_reduce(torch.ones(1)).item())
+        sums.append(get_tp_group().all_reduce(torch.ones(1, device=device)).item())
         return bucket
 
     steps = capture_in_lockstep(list(reversed(bucket_sizes(40))), capture_one, TIME_LIMIT_S,
@@ -39,4 +39,4 @@ class CaptureTask(RankTask):
     step_s: float
 
     def run(self, ctx: RankContext) -> tuple[list[int], list[float]]:
-        return capture(self.step_s)
+        return capture(self.step_s, ctx.kv_cache.device)
