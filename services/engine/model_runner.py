@@ -106,17 +106,7 @@ class ModelRunner:
             log.info("tensor-parallel rank %d of %d: %d bytes of weights, %d KV blocks of %d "
                      "heads", tp.rank, tp.size, self.rank_weight_bytes[tp.rank], self.num_blocks,
                      kv_heads)
-        self.graphs: DecodeGraphs | None = None
-        # Every rank builds the same buckets from the same settings, and captures them together.
-        if bucketed_decode(device, backend):
-            max_blocks = -(-max_model_len // engine.block_size)
-            self.graphs = DecodeGraphs(self.model,
-                                       min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
-                                       max_blocks, device)
-            if engine.enforce_eager or device.type != "cuda":
-                self.graphs.use_eager()
-            else:
-                self.graphs.capture()
+        self.graphs = _decode_graphs(self.model, engine, device, backend, max_model_len)
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks, if any."""
@@ -275,6 +265,24 @@ def _rank0_device(tp_size: int, engine: EngineConfig) -> torch.device:
         raise ValueError(f"--tensor-parallel-size {tp_size} needs {tp_size} GPUs, but {visible} "
                          "are visible (use --distributed-executor-backend ray across nodes)")
     return torch.device("cuda", 0)
+
+
+def _decode_graphs(model: torch.nn.Module, engine: EngineConfig, device: torch.device,
+                   backend: str, max_model_len: int) -> DecodeGraphs | None:
+    """The decode buckets, the same on every tensor-parallel rank (the same settings, captured
+    together); checked, since a rank replaying a bucket another lacks would hang them all."""
+    graphs = None
+    if bucketed_decode(device, backend):
+        graphs = DecodeGraphs(model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
+                              -(-max_model_len // engine.block_size), device)
+        if engine.enforce_eager or device.type != "cuda":
+            graphs.use_eager()
+        else:
+            graphs.capture()
+    held = get_tp_group().all_gather_object(None if graphs is None else graphs.buckets)
+    if any(buckets != held[0] for buckets in held):
+        raise RuntimeError(f"tensor-parallel ranks hold different decode buckets: {held}")
+    return graphs
 
 
 def bucketed_decode(device: torch.device, backend: str) -> bool:
