@@ -63,12 +63,15 @@ def count_report(layers: int, block_size: int, kv_heads: int, head_dim: int, ite
     lines = [f"TP {tp.prefill} -> {tp.decode}, {layers} layers, {kv_heads} KV heads x {head_dim}, "
              f"{tokens} tokens ({blocks} blocks of {block_size}): pieces per decode rank"]
     for remote_order, local_order in (("NHD", "NHD"), ("HND", "HND"), ("HND", "NHD")):
+        # A cache of one KV head is both orders, and says HND (layout.order_of).
         layouts = [KVLayout(layers, blocks, block_size,
-                            2 * block_size * n * head_dim * itemsize, 0, "", order)
+                            2 * block_size * n * head_dim * itemsize, 0, "",
+                            "HND" if n == 1 else order)
                    for n, order in ((dst_heads, local_order), (src_heads, remote_order))]
         pieces = piece_count(layouts[0], layouts[1], tp.reads(kv_heads), blocks)
         moved = layers * blocks * layouts[0].block_nbytes
+        both = " (one KV head a rank: both orders)" if 1 in (src_heads, dst_heads) else ""
         lines.append(f"  prefill {remote_order} -> decode {local_order}: {pieces:>12,} pieces, "
-                     f"{moved // max(pieces, 1):>8,} bytes each")
+                     f"{moved // max(pieces, 1):>8,} bytes each{both}")
     return lines
 

@@ -19,7 +19,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +93,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "--kv-cache-layout", choices=("NHD", "HND"), nargs="+", default=["NHD"],
         help="in-block order of both caches; several: one run each, side by side [default: NHD]")
     parser.add_argument(
-        "--tp", type=TPPair.parse, default=TPPair(1, 1), metavar="PREFILL:DECODE",
+        "--tp", type=_tp_pair, default=TPPair(1, 1), metavar="PREFILL:DECODE",
         help="read decode rank 0's KV heads of a pool at TP=DECODE from one at TP=PREFILL (nixl "
              "only; each cache holds its rank's heads of --kv-heads) [default: 1:1, whole blocks]")
     parser.add_argument(
@@ -103,6 +103,13 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-json", type=Path, default=None,
                         help="write every figure and the machine here")
     parser.set_defaults(func=run_kv_transfer)
+
+
+def _tp_pair(text: str) -> TPPair:
+    try:
+        return TPPair.parse(text)
+    except ValueError as e:  # argparse shows only this type's message
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -179,7 +186,9 @@ def _run_order(args: argparse.Namespace, order: str, notified: dict[str, int]) -
             transport = make_transport(kind, local, f"bench-dst-{free_port()}", "127.0.0.1",
                                        0 if kind == "grpc" else free_port(), metrics=False)
             try:
-                results += [_measure(transport, source, local, n, args) for n in args.sizes]
+                # labelled with the order asked for: a cache of one KV head is both
+                results += [replace(_measure(transport, source, local, n, args), order=order)
+                            for n in args.sizes]
             finally:
                 transport.close()
             if args.tp.prefill == args.tp.decode:
@@ -237,7 +246,7 @@ def _measure(transport: KVTransport, source: SourceProcess, local: torch.Tensor,
         latencies.append(time.perf_counter() - start)
     p50, p99 = np.percentile(latencies, [50, 99])
     return SizeResult(transport.name, n, num_bytes, p50 * 1e3, p99 * 1e3, num_bytes / p50 / 1e9,
-                      verified, KVLayout.of(local).order, _pieces(local, peer, *blocks, args))
+                      verified, pieces=_pieces(local, peer, *blocks, args))
 
 
 def pick_blocks(rng: random.Random, pattern: str, n: int, remote_total: int,
@@ -275,7 +284,7 @@ def format_table(results: list[SizeResult], columns: list[tuple[str, str]]) -> s
                    f"{label + ' pieces':>16}")
     compare = len(columns) == 2
     if compare:
-        header += f"{labels[1] + '/' + labels[0] + ' p50':>20}"
+        header += f"{'  ' + labels[1] + '/' + labels[0] + ' p50':>24}"
     lines = [header]
     for n in sizes:
         row = [by_key[(kind, order, n)] for kind, order in columns]
@@ -284,6 +293,6 @@ def format_table(results: list[SizeResult], columns: list[tuple[str, str]]) -> s
             line += (f"{r.p50_ms:>16.3f}{r.p99_ms:>16.3f}{r.gb_per_s:>14.3f}{r.pieces:>16,}"
                      + ("" if r.verified else " UNVERIFIED"))
         if compare:
-            line += f"{row[1].p50_ms / row[0].p50_ms:>19.1f}x"
+            line += f"{row[1].p50_ms / row[0].p50_ms:>23.1f}x"
         lines.append(line)
     return "\n".join(lines)

@@ -50,10 +50,11 @@ async def _answers(url: str) -> dict[str, str]:
     return dict(zip(PROMPTS, await asyncio.gather(*(one(p) for p in PROMPTS))))
 
 
-# Token-major caches on both sides read a piece per token: tests/worker/test_head_ranges.py.
+# A rank of one KV head is both orders (engine/kv/layout.py:order_of). Token-major caches on both
+# sides read a piece per token: tests/worker/test_head_ranges.py.
 @pytest.mark.parametrize("prefill_tp,decode_tp,layouts", [
-    (2, 1, ("NHD", "HND")),  # across orders: a piece per (token, head), still exact
-    (1, 2, ("HND", "HND")),  # each decode rank reads one piece per (layer, block, K/V)
+    (2, 1, ("HND", "HND")),  # the decode rank reads one piece per (layer, block, K/V) and rank
+    (1, 2, ("NHD", "HND")),  # across orders: a piece per (token, head), still exact
 ])
 def test_disaggregated_across_tp_sizes_answers_as_tp1(expected, prefill_tp, decode_tp, layouts):
     serve = ServeCommand("--mode", "disaggregated", "--dtype", "float32",

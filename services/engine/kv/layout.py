@@ -53,18 +53,20 @@ class KVLayout:
 
 def order_of(kv_cache: torch.Tensor) -> Order:
     """The in-block order of a cache of logical shape [layers, blocks, 2, block_size, kv_heads,
-    head_dim] (kv_cache.allocate's); raises ValueError for any other memory layout."""
-    if kv_cache.is_contiguous():
-        return "NHD"
+    head_dim] (kv_cache.allocate's); raises ValueError for any other memory layout. A cache of one
+    KV head (a TP rank's share, often) or one-token blocks is both: its bytes are the same in
+    either order, so it says HND, whose head-slice pieces are the larger."""
     if kv_cache.transpose(3, 4).is_contiguous():
         return "HND"
+    if kv_cache.is_contiguous():
+        return "NHD"
     raise ValueError(f"a KV cache of strides {kv_cache.stride()} is neither NHD nor HND")
 
 
 def storage(kv_cache: torch.Tensor) -> torch.Tensor:
     """The cache in its memory order, contiguous: itself (NHD), or [layers, blocks, 2, kv_heads,
     block_size, head_dim] (HND); what registration and byte copies address."""
-    return kv_cache if order_of(kv_cache) == "NHD" else kv_cache.transpose(3, 4)
+    return kv_cache.transpose(3, 4) if order_of(kv_cache) == "HND" else kv_cache
 
 
 def byte_view(kv_cache: torch.Tensor) -> torch.Tensor:
