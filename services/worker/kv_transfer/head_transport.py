@@ -9,10 +9,10 @@ rank's own) and reads its own meanwhile: each decode rank reads the heads it hol
 ranks that hold them (head_ranges.py), a whole block per (layer, block) when both ranks hold the
 same heads in the same order, else a slice of each block (descriptors.head_slice_tables: one piece
 per (layer, block, K/V) between HND caches, one per token between NHD ones, one per token and head
-across orders). Only when every rank is done does rank 0 notify prefill rank 0, so the lease, the notification that frees the blocks and
-the quarantine of a timed-out read stay the one contract of engine/kv/handoff.py: a read fails as a
-whole, with the worst of its ranks' reasons (a timeout anywhere parks the blocks on every rank,
-since they are the same block ids).
+across orders). Only when every rank is done does rank 0 notify prefill rank 0, so the lease, the
+notification that frees the blocks and the quarantine of a timed-out read stay the one contract of
+engine/kv/handoff.py: a read fails as a whole, with the worst of its ranks' reasons (a timeout
+anywhere parks the blocks on every rank, since they are the same block ids).
 """
 from __future__ import annotations
 
