@@ -10,7 +10,7 @@ later rules again, so a worker that restarts without it is seen to lack it at it
 Adapters given at start (--lora-modules) are the workers' own and are not tracked here.
 
 The set lives in memory: a restarted router starts empty, and the gateways, which record every
-runtime load, re-assert it (services/gateway/lora_reconcile.py), seeing what it lacks in GetStats."""
+runtime load, re-assert it (services/gateway/lora_reconcile.py) once GetStats shows it lacking."""
 from __future__ import annotations
 
 import threading
