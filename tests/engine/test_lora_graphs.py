@@ -78,10 +78,16 @@ def _check_peft(got: dict, case: dict) -> None:
         assert_matches(tokens, want[:n], gaps[:n], f"adapter {name} through the decode buckets")
 
 
-def test_mixed_batch_through_the_buckets_matches_peft_and_unbucketed(case):
+@pytest.fixture(scope="module")
+def bucketed(case) -> tuple[LLMEngine, list[DecodeBatch], dict]:
+    """A TP=1 engine after decoding the batch through its buckets; what it ran, its tokens."""
     engine = _engine(case, max_loras=3)
     batches = _spy(engine.runner.graphs)
-    got = _run(engine, case)
+    return engine, batches, _run(engine, case)
+
+
+def test_mixed_batch_through_the_buckets_matches_peft_and_unbucketed(case, bucketed):
+    engine, batches, got = bucketed
     _check_peft(got, case)
     unbucketed = _engine(case, max_loras=3)
     unbucketed.runner.graphs = None  # every step packed as prefill steps are
@@ -98,8 +104,8 @@ def _item(tokens: int = 1, lora: int | None = None) -> MirrorItem:
     return MirrorItem(MirrorSeq(20, [7] * (20 + tokens), [0, 1], False, lora), tokens, True)
 
 
-def test_lora_decode_steps_take_a_bucket(case):
-    runner = _engine(case, max_loras=3).runner
+def test_lora_decode_steps_take_a_bucket(bucketed):
+    runner = bucketed[0].runner
     assert runner._decode_bucket([_item(lora=0)]) == 1
     assert runner._decode_bucket([_item(), _item(lora=2), _item(lora=1)]) == 4
     assert runner._decode_bucket([_item(lora=0), _item(tokens=4, lora=1)]) is None  # prefill
@@ -158,6 +164,17 @@ def test_a_follower_fills_the_same_adapter_indices_and_replays_the_same_variant(
     assert any(b.adapters for b in theirs) and any(b is not None for b in mirror.buckets)
     assert follower.runner.graphs.lora_replays == leader.runner.graphs.lora_replays > 0
     assert torch.equal(leader.runner.kv_cache, follower.runner.kv_cache)
+
+
+@pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_tp2_through_the_buckets_matches_tp1(case, bucketed):
+    engine = _engine(case, max_loras=3, tensor_parallel_size=2)
+    try:
+        assert _run(engine, case) == bucketed[2]
+        assert engine.runner.graphs.lora_replays > 0
+    finally:
+        engine.close()
 
 
 @pytest.mark.gpu
