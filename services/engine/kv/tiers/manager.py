@@ -13,7 +13,7 @@ import threading
 import torch
 
 from baton.services.engine.kv.block_manager import Medium, MediumEvent
-from baton.services.engine.kv.layout import byte_view
+from baton.services.engine.kv.layout import byte_view, order_of
 from baton.services.engine.kv.tiers.copier import CopyWorker
 from baton.services.engine.kv.tiers.disk import DiskTier
 from baton.services.engine.kv.tiers.host import HostTier
@@ -47,7 +47,7 @@ class TierManager:
         self.events: list[MediumEvent] = []
         self.disk = None if disk_dir is None else DiskTier(disk_dir, int(disk_gib * GIB),
                                                            block_bytes, self.stats["disk"],
-                                                           self.record)
+                                                           self.record, order_of(kv_cache))
         self.storing: dict[int, int] = {}  # device block -> hash, copy to host queued or running
         self.storing_hashes: set[int] = set()
         self.finished: list[Load] = []
