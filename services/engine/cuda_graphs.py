@@ -99,6 +99,14 @@ class DecodeBatch:
     adapters: list[int] | None = None
 
 
+def buffer_pair(shape: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed host staging buffer (pinned on CUDA, so its copy is asynchronous) and its device
+    twin."""
+    host = torch.zeros(shape, dtype=dtype, pin_memory=device.type == "cuda")
+    return host, torch.zeros(shape, dtype=dtype, device=device)
+
+
 class DecodeInputs:
     """The persistent buffers the graphs read, and host staging buffers they are filled from in one
     copy each."""
@@ -106,12 +114,10 @@ class DecodeInputs:
     def __init__(self, max_batch: int, max_blocks_per_seq: int, device: torch.device,
                  lora: bool = False) -> None:
         """lora: also an adapter-index buffer, each row's LoRA slot (-1: none)."""
-        pin = device.type == "cuda"
-
         def pair(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-            return (torch.zeros(shape, dtype=dtype,
-                                pin_memory=pin), torch.zeros(shape, dtype=dtype, device=device))
+            return buffer_pair(shape, dtype, device)
 
+        self.width = 1  # token rows per item
         self.host_ids, self.input_ids = pair((max_batch,), torch.int64)
         self.host_positions, self.positions = pair((max_batch,), torch.int64)
         self.host_slots, self.slot_mapping = pair((max_batch,), torch.int64)
@@ -160,6 +166,17 @@ class DecodeInputs:
         for host, dev in pairs:
             dev[:bucket].copy_(host[:bucket], non_blocking=True)
 
+    def empty(self, with_lora: bool) -> DecodeBatch:
+        """A batch of no rows (all padding), as captures run on."""
+        return DecodeBatch([], [], [], [], [], [] if with_lora else None)
+
+    def views(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
+                                          torch.Tensor | None]:
+        """The forward pass's token ids, positions, attention metadata and adapter slots over the
+        first bucket rows."""
+        adapters = None if self.adapters is None else self.adapters[:bucket]
+        return self.input_ids[:bucket], self.positions[:bucket], self.metadata(bucket), adapters
+
     def metadata(self, bucket: int) -> AttentionMetadata:
         """Attention metadata over the first bucket rows of the buffers: views, so later fills show
         through."""
@@ -168,6 +185,26 @@ class DecodeInputs:
             prefill_block_tables=self._empty_table, prefill_query_start_loc=self._start_loc,
             prefill_context_lens=self._empty_i32, decode_block_tables=self.block_tables[:bucket],
             decode_context_lens=self.context_lens[:bucket])
+
+
+class Batch(Protocol):
+    token_ids: list  # a row per item
+    adapters: list[int] | None
+
+
+class GraphInputs(Protocol):
+    """What a graph set's persistent buffers offer (DecodeInputs, verify_graphs.VerifyInputs)."""
+    width: int  # token rows per item
+
+    def fill(self, batch: Batch, bucket: int) -> None:
+        ...
+
+    def empty(self, with_lora: bool) -> Batch:
+        ...
+
+    def views(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
+                                          torch.Tensor | None]:
+        ...
 
 
 class Replayable(Protocol):
@@ -208,14 +245,22 @@ class DecodeGraphs:
     """One captured forward pass per bucket (two with LoRA on), sharing one memory pool (captured
     largest first, as it must be)."""
 
+    kind = "decode"
+
     def __init__(self, forward: Forward, max_batch: int, max_blocks_per_seq: int,
-                 device: torch.device, lora: LoRAState | None = None) -> None:
+                 device: torch.device, lora: LoRAState | None = None,
+                 inputs: GraphInputs | None = None) -> None:
         """lora: the model's adapter state, whose per-row slots the LoRA variants read from the
-        inputs' adapter-index buffer."""
+        inputs' adapter-index buffer. inputs: other buffers than a decode step's (a verify
+        step's, verify_graphs.py)."""
         self.forward = forward
         self.device = device
         self.lora = lora
-        self.inputs = DecodeInputs(max_batch, max_blocks_per_seq, device, lora is not None)
+        self.inputs = inputs or DecodeInputs(max_batch, max_blocks_per_seq, device,
+                                             lora is not None)
+        self.width = self.inputs.width
+        self.pool: tuple[int, int] | None = None
+        self.capture_s = 0.0
         self.buckets: list[int] = []
         self.steps: dict[int, BucketSteps] = {}
         self.replays = 0
@@ -226,26 +271,26 @@ class DecodeGraphs:
     def forward_bucket(self, bucket: int, with_lora: bool) -> torch.Tensor:
         """The forward pass over the first bucket rows of the buffers; with_lora adds each row's
         adapter delta, its slot read on the device from the adapter-index buffer."""
-        inputs = self.inputs
+        ids, positions, meta, adapters = self.inputs.views(bucket)
         if self.lora is not None:
-            self.lora.indices = inputs.adapters[:bucket] if with_lora else None
-        return self.forward(inputs.input_ids[:bucket], inputs.positions[:bucket],
-                            inputs.metadata(bucket))
+            self.lora.indices = adapters if with_lora else None
+        return self.forward(ids, positions, meta)
 
     def use_eager(self) -> None:
         """Every bucket runs without a graph (enforce_eager)."""
         for bucket in self._wanted:
             lora = EagerStep(self, bucket, True) if self.lora is not None else None
             self.add(bucket, BucketSteps(EagerStep(self, bucket, False), lora))
-        log.info("CUDA graphs off (enforce_eager): decode steps run eagerly, padded to buckets %s",
-                 ",".join(map(str, self.buckets)))
+        log.info("CUDA graphs off (enforce_eager): %s steps run eagerly, padded to buckets %s",
+                 self.kind, ",".join(map(str, self.buckets)))
 
-    def capture(self, time_limit_s: float = CAPTURE_TIME_LIMIT_S) -> None:
+    def capture(self, time_limit_s: float = CAPTURE_TIME_LIMIT_S,
+                pool: tuple[int, int] | None = None) -> None:
         """Captures the buckets, largest first, in lockstep with the other tensor-parallel
-        ranks."""
+        ranks; into pool (another graph set's) when given."""
         started = time.perf_counter()
         free_before = torch.cuda.mem_get_info(self.device)[0]
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool = pool or torch.cuda.graph_pool_handle()
         # NCCL makes its communicator on the first collective, which a capture cannot record.
         get_tp_group().all_reduce(torch.zeros(1, device=self.device))
         torch.cuda.synchronize(self.device)
@@ -258,10 +303,11 @@ class DecodeGraphs:
             self.lora.indices = None
         self.captured = True
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
-        log.info("CUDA graphs: %d decode buckets (%s)%s captured in %.1f s, %.0f MiB",
-                 len(self.buckets), ",".join(map(str, self.buckets)),
-                 " with and without LoRA" if self.lora is not None else "",
-                 time.perf_counter() - started, used / (1 << 20))
+        self.capture_s = time.perf_counter() - started
+        log.info("CUDA graphs: %d %s buckets (%s)%s captured in %.1f s, %.0f MiB",
+                 len(self.buckets), self.kind, ",".join(map(str, self.buckets)),
+                 " with and without LoRA" if self.lora is not None else "", self.capture_s,
+                 used / (1 << 20))
 
     def _capture_bucket(self, bucket: int, pool: tuple[int, int]) -> BucketSteps:
         base = self._capture_one(bucket, pool, False)
@@ -270,7 +316,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _capture_one(self, bucket: int, pool: tuple[int, int], with_lora: bool) -> CapturedStep:
-        self.inputs.fill(DecodeBatch([], [], [], [], [], [] if with_lora else None), bucket)
+        self.inputs.fill(self.inputs.empty(with_lora), bucket)
         for _ in range(WARMUP_RUNS):
             self.forward_bucket(bucket, with_lora)
         torch.cuda.synchronize(self.device)
@@ -287,14 +333,14 @@ class DecodeGraphs:
         """The bucket a step of batch rows replays, or None when it runs eagerly."""
         return pick_bucket(self.buckets, batch)
 
-    def run(self, batch: DecodeBatch, bucket: int | None = None) -> torch.Tensor:
+    def run(self, batch: Batch, bucket: int | None = None) -> torch.Tensor:
         """Replays bucket (by default the smallest that fits), its LoRA variant when a row has an
-        adapter; returns the hidden states of the real rows. Under tensor parallelism the other
-        ranks are given rank 0's bucket."""
+        adapter; returns the hidden states of the real rows' tokens (width per row). Under tensor
+        parallelism the other ranks are given rank 0's bucket."""
         rows = len(batch.token_ids)
         bucket = self.bucket_for(rows) if bucket is None else bucket
         if bucket not in self.steps or bucket < rows:
-            raise RuntimeError(f"decode bucket {bucket} cannot run {rows} rows on this rank "
+            raise RuntimeError(f"{self.kind} bucket {bucket} cannot run {rows} rows on this rank "
                                f"(buckets {self.buckets})")
         steps = self.steps[bucket]
         step = steps.base if batch.adapters is None else steps.lora
@@ -303,7 +349,7 @@ class DecodeGraphs:
         self.inputs.fill(batch, bucket)
         self.replays += 1
         self.lora_replays += batch.adapters is not None
-        return step.replay()[:rows]
+        return step.replay()[:rows * self.width]
 
 
 def capture_in_lockstep(buckets: list[int], capture_one: Callable[[int], Step],

@@ -27,7 +27,10 @@ from baton.services.engine.parallel.state import get_tp_group
 from baton.services.engine.parallel.step_sync import MirrorItem, StepEncoder
 from baton.services.engine.prompt_logprobs import score_prompts, scoring_plan
 from baton.services.engine.scheduler import ScheduledSeq
+from baton.services.engine.speculation.config import parse_speculative_config
 from baton.services.engine.speculation.footprint import draft_footprint
+from baton.services.engine.verify_graphs import (VerifyGraphs, start_verify, verify_batch,
+                                                 verify_graphs, verify_rows)
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +111,8 @@ class ModelRunner:
             log.info("tensor-parallel rank %d of %d: %d bytes of weights, %d KV blocks of %d "
                      "heads", tp.rank, tp.size, self.rank_weight_bytes[tp.rank], self.num_blocks,
                      kv_heads)
-        self.graphs = _decode_graphs(self.model, engine, device, backend, max_model_len,
-                                     self.lora)
+        self.graphs, self.verify_graphs = _decode_graphs(self.model, engine, device, backend,
+                                                         max_model_len, self.lora)
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks, if any."""
@@ -128,18 +131,27 @@ class ModelRunner:
         self.model.capture_layers = layers or ()
         self.hidden_sink = sink
 
+    def _step_graphs(self, items: list[Any]) -> DecodeGraphs | None:
+        """The graph set a step of these items would replay: the verify graphs when any carries a
+        draft (every rank sees the drafts), else the decode graphs."""
+        return self.verify_graphs if any(s.draft for s in items) else self.graphs
+
     def _decode_bucket(self, scheduled: list[ScheduledSeq]) -> int | None:
-        """The graph bucket a pure-decode step replays, or None when the step runs eagerly (prompt
-        scoring and the hidden-state sink need the eager path's hidden states). Under tensor
-        parallelism only this, rank 0's, decision counts: its step message carries it."""
-        if self.graphs is None or self.hidden_sink is not None:
+        """The graph bucket a pure-decode or verify step replays, or None when the step runs
+        eagerly (prompt scoring and the hidden-state sink need the eager path's hidden states).
+        Under tensor parallelism only this, rank 0's, decision counts: its step message carries
+        it."""
+        graphs = self._step_graphs(scheduled)
+        if graphs is None or self.hidden_sink is not None:
             return None
-        if not all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs for s in scheduled):
+        # A verify item's draft may be shorter than the graphs' k: its chunk is padded.
+        if not all(s.num_tokens == 1 and len(s.draft) < graphs.width
+                   and not s.seq.wants_prompt_logprobs for s in scheduled):
             return None
         # With LoRA on, the graphs carry the adapters' delta too (cuda_graphs.py).
-        if self.graphs.lora is None and any(s.seq.lora_slot is not None for s in scheduled):
+        if graphs.lora is None and any(s.seq.lora_slot is not None for s in scheduled):
             return None
-        return self.graphs.bucket_for(len(scheduled))
+        return graphs.bucket_for(len(scheduled))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
@@ -171,9 +183,15 @@ class ModelRunner:
         return [packed[i] for i in keep], self.model.compute_logits(hidden[sample_rows])
 
     def _replay(self, scheduled: list[Any], bucket: int) -> tuple[list[Any], torch.Tensor]:
-        """A pure-decode step through the graph buffers: the items that sample and their logits."""
-        hidden = self.graphs.run(_decode_batch(scheduled, self.block_size), bucket)
+        """A pure-decode or verify step through the graph buffers: the items that sample and their
+        logits (as execute returns them)."""
         keep = [i for i, s in enumerate(scheduled) if s.samples]
+        if any(s.draft for s in scheduled):
+            graphs = self.verify_graphs
+            hidden = graphs.run(verify_batch(scheduled), bucket)
+            rows = torch.tensor(verify_rows(scheduled, graphs.width), device=hidden.device)
+            return [scheduled[i] for i in keep], self.model.compute_logits(hidden[rows])
+        hidden = self.graphs.run(_decode_batch(scheduled, self.block_size), bucket)
         rows = hidden if len(keep) == len(scheduled) else hidden[keep]
         return [scheduled[i] for i in keep], self.model.compute_logits(rows)
 
@@ -273,22 +291,30 @@ def _rank0_device(tp_size: int, engine: EngineConfig) -> torch.device:
 
 
 def _decode_graphs(model: torch.nn.Module, engine: EngineConfig, device: torch.device,
-                   backend: str, max_model_len: int,
-                   lora: LoRAState | None) -> DecodeGraphs | None:
-    """The decode buckets, the same on every tensor-parallel rank (the same settings, captured
-    together); checked, since a rank replaying a bucket another lacks would hang them all."""
-    graphs = None
+                   backend: str, max_model_len: int, lora: LoRAState | None
+                   ) -> tuple[DecodeGraphs | None, VerifyGraphs | None]:
+    """The decode buckets, and the verify buckets with speculation on, the same on every
+    tensor-parallel rank (the same settings, captured together); checked, since a rank replaying a
+    bucket another lacks would hang them all."""
+    graphs = verify = None
     if bucketed_decode(device, backend):
-        graphs = DecodeGraphs(model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
-                              -(-max_model_len // engine.block_size), device, lora)
-        if engine.enforce_eager or device.type != "cuda":
+        max_batch = min(engine.cuda_graph_max_batch_size, engine.max_num_seqs)
+        graphs = DecodeGraphs(model, max_batch, -(-max_model_len // engine.block_size), device,
+                              lora)
+        verify = verify_graphs(model, parse_speculative_config(engine.speculative_config),
+                               max_batch, max_model_len, engine.block_size, device, lora)
+        eager = engine.enforce_eager or device.type != "cuda"
+        if eager:
             graphs.use_eager()
         else:
             graphs.capture()
-    held = get_tp_group().all_gather_object(None if graphs is None else graphs.buckets)
+        if verify is not None:
+            start_verify(verify, graphs, eager)
+    held = get_tp_group().all_gather_object(
+        [None if g is None else g.buckets for g in (graphs, verify)])
     if any(buckets != held[0] for buckets in held):
-        raise RuntimeError(f"tensor-parallel ranks hold different decode buckets: {held}")
-    return graphs
+        raise RuntimeError(f"tensor-parallel ranks hold different decode/verify buckets: {held}")
+    return graphs, verify
 
 
 def bucketed_decode(device: torch.device, backend: str) -> bool:

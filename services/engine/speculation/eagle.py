@@ -97,7 +97,7 @@ class HeadRunner(ModelRunner):
                  vocab_size: int, num_blocks: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         self.device, self.block_size, self.lora = device, engine.block_size, None
-        self.executor = self.encoder = self.graphs = self.hidden_sink = None
+        self.executor = self.encoder = self.graphs = self.verify_graphs = self.hidden_sink = None
         self.head, self.vocab, self.attention = head, vocab, head.layer.self_attn.attention
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
