@@ -1,0 +1,205 @@
+"""Speculative verify steps through their graph buckets (verify_graphs.py). On CPU the buckets run
+as enforce_eager runs them on CUDA (the same buffers, without a graph; Triton attention in
+interpreter mode): greedy outputs with drafts (an oracle n-gram proposer's and a draft model's)
+equal those without speculation, token for token, through verify buckets that pad short drafts and
+missing items; a sampled target-as-draft still accepts everything; dummy rows write no KV and
+change no real row; a follower replays every verify bucket rank 0 names. On a GPU the captured
+verify graphs are checked against enforce_eager."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from baton.services.common.sampling_params import SamplingParams
+from baton.services.engine.config import EngineConfig
+from baton.services.engine.llm_engine import LLMEngine
+from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, StepDecoder,
+                                                      StepEncoder)
+from baton.services.engine.verify_graphs import VerifyBatch, verify_batch
+from tests.engine.draft_helpers import perturbed_copy
+from tests.engine.engine_helpers import random_prompts
+from tests.engine.test_speculation import OracleProposer
+
+# Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+K = 3
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
+                    "prompt_lookup_max": 3})
+ENGINE = dict(dtype="float32", device=DEVICE, attention_backend="triton", num_kv_blocks=64,
+              block_size=4, max_model_len=128, max_num_batched_tokens=64,
+              cuda_graph_max_batch_size=4, num_threads=1, enforce_eager=True)
+# The last request stops early: later steps run two items in bucket 2.
+PARAMS = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 12, 7)]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(3, 250, seed=3, min_len=5, max_len=20)
+
+
+def _engine(model, spec: str | None, **kwargs) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), speculative_config=spec,
+                                  **{**ENGINE, **kwargs}))
+
+
+def _spy(graphs) -> list[tuple[VerifyBatch, int | None]]:
+    seen, run = [], graphs.run
+
+    def spy(batch, bucket=None):
+        seen.append((batch, bucket))
+        return run(batch, bucket)
+
+    graphs.run = spy
+    return seen
+
+
+class _Mirror:
+    """Stands in for rank 0's executor: each step message goes to a follower runner."""
+
+    def __init__(self, follower) -> None:
+        self.follower, self.decoder, self.messages = follower, StepDecoder(), []
+
+    def send(self, message) -> None:
+        self.messages.append(message)
+        self.follower.execute_follower(self.decoder.decode(message), message.score_rows,
+                                       message.bucket)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_dirs, prompts):
+    return [o.token_ids for o in _engine(tiny_model_dirs["llama"], None).generate(prompts,
+                                                                                 PARAMS)]
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_model_dirs, prompts, plain):
+    """An engine whose drafts are the reference continuation, wrong in turn at their first or
+    second token, mirrored by a follower runner; its outputs and the verify runs seen."""
+    model = tiny_model_dirs["llama"]
+    engine, follower = _engine(model, NGRAM), _engine(model, NGRAM).runner
+    engine.speculator.proposer = OracleProposer([p + o for p, o in zip(prompts, plain)])
+    mirror = engine.runner.executor = _Mirror(follower)
+    engine.runner.encoder = StepEncoder()
+    seen, follower_seen = _spy(engine.runner.verify_graphs), _spy(follower.verify_graphs)
+    out = [o.token_ids for o in engine.generate(prompts, PARAMS)]
+    return engine, follower, mirror, seen, follower_seen, out
+
+
+def test_greedy_oracle_drafts_through_verify_buckets_equal_no_speculation(oracle, plain):
+    engine, _, _, seen, _, out = oracle
+    assert out == plain
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    graphs = engine.runner.verify_graphs
+    assert graphs.buckets == [1, 2, 4] and graphs.width == 1 + K
+    assert graphs.replays == len(seen) > 0
+    # Short drafts (cut by max_tokens, or none at all) were padded, and so were missing items.
+    assert any(len(tokens) < 1 + K for batch, _ in seen for tokens in batch.token_ids)
+    assert any(len(batch.token_ids) < graphs.bucket_for(len(batch.token_ids))
+               for batch, _ in seen)
+    assert engine.runner.graphs.replays > 0  # decode steps kept their own buckets
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_a_follower_replays_every_verify_bucket_rank0_names(oracle):
+    engine, follower, mirror, seen, follower_seen, _ = oracle
+    named = [m.bucket for m in mirror.messages
+             if m.bucket is not None and any(s.draft for s in m.seqs)]
+    assert named and [b for _, b in seen] == [b for _, b in follower_seen] == named
+    assert follower.verify_graphs.replays == engine.runner.verify_graphs.replays
+    assert torch.equal(engine.runner.kv_cache, follower.kv_cache)
+
+
+def _item(tokens: int = 1, draft: tuple[int, ...] = (), lora: int | None = None,
+          computed: int = 20, blocks: tuple[int, ...] = (0, 1, 2, 3, 4, 5)) -> MirrorItem:
+    seq = MirrorSeq(computed, [7] * (computed + tokens), list(blocks), False, lora)
+    return MirrorItem(seq, tokens, True, list(draft))
+
+
+def test_the_verify_bucket_decision(oracle):
+    runner = oracle[0].runner
+    full, short = _item(draft=(3, 4, 5)), _item(draft=(3,))
+    assert [runner._decode_bucket([full] * n) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, None]
+    assert runner._decode_bucket([short, _item()]) == 2  # padded rows, an item without a draft
+    assert runner._decode_bucket([_item(draft=(1, 2, 3, 4))]) is None  # longer than k
+    assert runner._decode_bucket([full, _item(tokens=5)]) is None  # a prefill chunk
+    assert runner._decode_bucket([full, _item(lora=0)]) is None  # LoRA is off
+    runner.hidden_sink = lambda items, hidden: None  # an EAGLE head reads hidden states
+    try:
+        assert runner._decode_bucket([full]) is None
+    finally:
+        runner.hidden_sink = None
+
+
+def _changed_slots(before: torch.Tensor, after: torch.Tensor, block_size: int) -> set[int]:
+    # [layers, blocks, 2, block_size, heads, dim] in either layout: compare per (block, offset).
+    diff = (before != after).movedim(3, 2).flatten(4).any(dim=(0, 3, 4))
+    return {int(b) * block_size + int(o) for b, o in diff.nonzero().tolist()}
+
+
+def test_dummy_rows_write_nothing_and_change_no_real_row(oracle):
+    runner = oracle[0].runner
+    graphs, bs = runner.verify_graphs, runner.block_size
+    # Its draft one short of k: positions 21-23 are real (block 45), the chunk's last row a dummy
+    # at position 24, past the item's blocks.
+    item = _item(draft=(11, 12), computed=21, blocks=(40, 41, 42, 43, 44, 45))
+    other = _item(draft=(13, 14, 15), computed=9, blocks=(50, 51, 52, 53))
+    before = runner.kv_cache.clone()
+    alone = graphs.run(verify_batch([item]), 1)[:3].clone()
+    assert _changed_slots(before, runner.kv_cache, bs) == {45 * bs + p % bs for p in (21, 22, 23)}
+    padded = graphs.run(verify_batch([item, other]), 4)
+    assert torch.allclose(padded[:3], alone, atol=1e-5)
+    # The eager chunked-prefill path's rows for the same chunk.
+    ids, positions, meta, _ = runner._prepare([item])
+    assert torch.allclose(runner.model(ids, positions, meta), alone, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def draft_model(tiny_model_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("verify-draft")
+    return perturbed_copy(tiny_model_dirs["llama"], root / "llama", 0.03)
+
+
+def _draft_config(model) -> str:
+    return json.dumps({"method": "draft_model", "model": str(model), "num_speculative_tokens": K})
+
+
+def test_greedy_with_a_draft_model_through_verify_buckets(tiny_model_dirs, draft_model, prompts,
+                                                          plain):
+    engine = _engine(tiny_model_dirs["llama"], _draft_config(draft_model))
+    assert [o.token_ids for o in engine.generate(prompts, PARAMS)] == plain
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    assert engine.runner.verify_graphs.replays > 0
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_sampled_target_as_its_own_draft_accepts_everything(tiny_model_dirs, prompts):
+    # Drawn from the target's own distributions, min(1, p/q) is 1: weighed by the verify
+    # buckets' logits, every draft token is kept unless those logits differ from the draft's.
+    model = tiny_model_dirs["llama"]
+    engine = _engine(model, _draft_config(model))
+    params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    got = engine.generate(prompts, params)
+    assert all(len(o.token_ids) == 12 for o in got)
+    assert engine.speculator.stats.acceptance_rate >= 0.95
+    assert engine.runner.verify_graphs.replays > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_captured_verify_graphs_token_exact_against_eager(tiny_model_dirs, prompts, plain, dtype):
+    outputs = []
+    for eager in (True, False):
+        engine = _engine(tiny_model_dirs["llama"], NGRAM, dtype=dtype, enforce_eager=eager)
+        engine.speculator.proposer = OracleProposer([p + o for p, o in zip(prompts, plain)])
+        assert engine.runner.verify_graphs.captured is not eager
+        assert engine.runner.verify_graphs.buckets == [1, 2, 4]
+        outputs.append([o.token_ids for o in engine.generate(prompts, PARAMS)])
+        assert engine.runner.verify_graphs.replays > 0
+        assert engine.speculator.stats.num_accepted_tokens > 0
+    assert outputs[0] == outputs[1]
