@@ -203,3 +203,18 @@ def test_captured_verify_graphs_token_exact_against_eager(tiny_model_dirs, promp
         assert engine.runner.verify_graphs.replays > 0
         assert engine.speculator.stats.num_accepted_tokens > 0
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_tp2_through_the_verify_buckets_matches_tp1(tiny_model_dirs, prompts, plain):
+    engine = _engine(tiny_model_dirs["llama"], NGRAM, tensor_parallel_size=2)
+    try:
+        # Two requests, a few tokens: the interpreter runs every rank's kernels on two cores.
+        engine.speculator.proposer = OracleProposer([p + o for p, o in zip(prompts, plain)])
+        got = engine.generate(prompts[1:], PARAMS[1:])
+        assert [o.token_ids for o in got] == plain[1:]
+        assert engine.runner.verify_graphs.replays > 0
+        assert engine.speculator.stats.num_accepted_tokens > 0
+    finally:
+        engine.close()
