@@ -13,7 +13,7 @@ OUT=/tmp/results
 SITE=/tmp/site
 MODEL=/tmp/8b
 BUDGET=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-"kernels decode kv tiers handoff throughput wave loragraphs"}
+STEPS=${GPU_CHECK_STEPS:-"kernels decode kv tiers handoff throughput wave loragraphs specgraphs"}
 START=$SECONDS
 mkdir -p "$OUT" "$FINAL_OUT"
 export PYTHONUNBUFFERED=1
@@ -128,9 +128,24 @@ loragraphs() {
   done
 }
 
+# step: speculative verify steps inside CUDA graphs: captured token-exact against eager, then the 8B
+# shape's speculation gain at batch 1 and 8 with graphs and with --enforce-eager
+specgraphs() {
+  make_model
+  python3 -m pytest -q -p no:cacheprovider tests/engine/test_verify_graphs.py > "$OUT/spec_graphs_test.txt" 2>&1
+  tail -2 "$OUT/spec_graphs_test.txt"
+  for eager in "" --enforce-eager; do
+    local name="spec_graphs${eager:+_eager}"
+    timeout 120 bash -c "$(declare -f baton); baton bench spec --model $MODEL --device cuda \
+      --dtype bfloat16 --batch-sizes 1,8 --repeats 1 $eager --output-json $OUT/$name.json" \
+      > "$OUT/$name.txt" 2>&1
+    tail -4 "$OUT/$name.txt"
+  done
+}
+
 # the usual seconds each step takes on an H100 (measured or estimated from its parts)
 declare -A COST=([kernels]=120 [decode]=150 [kv]=150 [tiers]=40 [handoff]=120 [throughput]=150
-                 [wave]=360 [loragraphs]=330)
+                 [wave]=360 [loragraphs]=330 [specgraphs]=300)
 
 log "setup"; setup; pack
 for step in $STEPS; do
