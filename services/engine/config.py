@@ -48,7 +48,8 @@ class EngineConfig(BatonSettings):
         True, description="Split long prompts across steps so decodes keep flowing")
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Attention kernels: Triton on GPU, torch on CPU when auto")
-    enforce_eager: bool = Field(False, description="Disable CUDA graphs for decode steps")
+    enforce_eager: bool = Field(
+        False, description="Disable CUDA graphs for decode and speculative verify steps")
     cuda_graph_max_batch_size: int = Field(
         256, ge=1,
         description="Largest decode batch captured as a CUDA graph (larger batches run eagerly; "
