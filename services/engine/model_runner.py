@@ -126,8 +126,9 @@ class ModelRunner:
 
     def capture_hidden(self, layers: tuple[int, ...] | None, sink: HiddenSink) -> None:
         """After every forward pass, hands sink the hidden states of every position: the inputs
-        of `layers`, side by side, or with None the final (normed) ones the lm_head reads. Decode
-        steps then run eagerly: the captured graphs keep no hidden states."""
+        of `layers`, side by side, or with None the final (normed) ones the lm_head reads. With
+        layers, decode and verify steps then run eagerly: the captured graphs keep no layer
+        inputs; the final hidden states are the graphs' own output."""
         self.model.capture_layers = layers or ()
         self.hidden_sink = sink
 
@@ -138,11 +139,11 @@ class ModelRunner:
 
     def _decode_bucket(self, scheduled: list[ScheduledSeq]) -> int | None:
         """The graph bucket a pure-decode or verify step replays, or None when the step runs
-        eagerly (prompt scoring and the hidden-state sink need the eager path's hidden states).
-        Under tensor parallelism only this, rank 0's, decision counts: its step message carries
-        it."""
+        eagerly (prompt scoring and a hidden-state sink of layer inputs need the eager path's
+        hidden states). Under tensor parallelism only this, rank 0's, decision counts: its step
+        message carries it."""
         graphs = self._step_graphs(scheduled)
-        if graphs is None or self.hidden_sink is not None:
+        if graphs is None or self.model.capture_layers:
             return None
         # A verify item's draft may be shorter than the graphs' k: its chunk is padded.
         if not all(s.num_tokens == 1 and len(s.draft) < graphs.width
@@ -188,12 +189,19 @@ class ModelRunner:
         keep = [i for i, s in enumerate(scheduled) if s.samples]
         if any(s.draft for s in scheduled):
             graphs = self.verify_graphs
-            hidden = graphs.run(verify_batch(scheduled), bucket)
-            rows = torch.tensor(verify_rows(scheduled, graphs.width), device=hidden.device)
-            return [scheduled[i] for i in keep], self.model.compute_logits(hidden[rows])
-        hidden = self.graphs.run(_decode_batch(scheduled, self.block_size), bucket)
-        rows = hidden if len(keep) == len(scheduled) else hidden[keep]
-        return [scheduled[i] for i in keep], self.model.compute_logits(rows)
+            out = graphs.run(verify_batch(scheduled), bucket)
+            # Gathered, so a copy: a sink may keep it past the next replay.
+            hidden = out[torch.tensor(verify_rows(scheduled, graphs.width), device=out.device)]
+        else:
+            hidden = self.graphs.run(_decode_batch(scheduled, self.block_size), bucket)
+            if self.hidden_sink is not None:
+                hidden = hidden.clone()
+        if self.hidden_sink is not None:
+            self.hidden_sink(scheduled, hidden)
+        if len(keep) < len(scheduled) or hidden.shape[0] > len(scheduled):
+            ends = torch.tensor([s.num_positions for s in scheduled]).cumsum(0)
+            hidden = hidden[_sample_rows(scheduled, ends).to(hidden.device)]
+        return [scheduled[i] for i in keep], self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def execute_follower(self, packed: list[MirrorItem], score_rows: list[tuple[int, int]],

@@ -22,7 +22,8 @@ dummies' position ids (for the rotary embedding only) are 0, within every table.
 Logits stay outside the graph, as for decode steps: the lm_head runs on the real rows only. Under
 tensor parallelism rank 0's step message names the bucket; a step whose items carry drafts replays
 the verify graph of that bucket on every rank (the followers see the drafts in the message), any
-other the decode graph. Captured only with speculation on, after the decode graphs, into their
+other the decode graph. An EAGLE head's sink of final hidden states is handed the real rows (a
+copy); an EAGLE-3 head's, which reads layer inputs the graphs do not keep, runs steps eagerly. Captured only with speculation on, after the decode graphs, into their
 memory pool and within what is left of their capture time limit.
 """
 from __future__ import annotations
@@ -172,6 +173,6 @@ def verify_batch(scheduled: list[Any]) -> VerifyBatch:
 
 
 def verify_rows(scheduled: list[Any], width: int) -> list[int]:
-    """The token rows whose logits are sampled: every real position of each item that samples."""
-    return [i * width + j for i, s in enumerate(scheduled) if s.samples
-            for j in range(1 + len(s.draft))]
+    """The real token rows, item by item: each item's last token and draft (as the eager path
+    packs them)."""
+    return [i * width + j for i, s in enumerate(scheduled) for j in range(1 + len(s.draft))]

@@ -109,11 +109,11 @@ def test_the_bucket_decision(mirrored):
     assert leader._decode_bucket([_item(), _item(draft=(3, 4))]) is None  # a verify pass
     assert leader._decode_bucket([_item(), _item(lora=0)]) is None
     assert leader._decode_bucket([_item(), _item(prompt_logprobs=True)]) is None
-    leader.hidden_sink = lambda items, hidden: None  # an EAGLE head reads hidden states
+    leader.model.capture_layers = (0, 1)  # an EAGLE-3 head reads layer inputs
     try:
         assert leader._decode_bucket([_item()]) is None
     finally:
-        leader.hidden_sink = None
+        leader.model.capture_layers = ()
 
 
 def test_a_follower_refuses_a_bucket_it_does_not_hold(mirrored):

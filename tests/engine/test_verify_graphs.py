@@ -19,8 +19,11 @@ from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, Ste
                                                       StepEncoder)
 from baton.services.engine.verify_graphs import VerifyBatch, verify_batch
 from tests.engine.draft_helpers import perturbed_copy
+from tests.engine.eagle_helpers import agreeing_head, bigram_target
+from tests.engine.eagle_reference import EagleReference
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.test_speculation import OracleProposer
+from tests.engine.test_speculation_draft import DraftRecorder
 
 # Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -128,11 +131,11 @@ def test_the_verify_bucket_decision(oracle):
     assert runner._decode_bucket([_item(draft=(1, 2, 3, 4))]) is None  # longer than k
     assert runner._decode_bucket([full, _item(tokens=5)]) is None  # a prefill chunk
     assert runner._decode_bucket([full, _item(lora=0)]) is None  # LoRA is off
-    runner.hidden_sink = lambda items, hidden: None  # an EAGLE head reads hidden states
+    runner.model.capture_layers = (0, 1)  # an EAGLE-3 head reads layer inputs
     try:
         assert runner._decode_bucket([full]) is None
     finally:
-        runner.hidden_sink = None
+        runner.model.capture_layers = ()
 
 
 def _changed_slots(before: torch.Tensor, after: torch.Tensor, block_size: int) -> set[int]:
@@ -218,3 +221,26 @@ def test_tp2_through_the_verify_buckets_matches_tp1(tiny_model_dirs, prompts, pl
         assert engine.speculator.stats.num_accepted_tokens > 0
     finally:
         engine.close()
+
+
+def test_an_eagle_head_reads_the_graphs_hidden_states(tiny_model_dirs, tmp_path_factory,
+                                                      prompts):
+    """EAGLE-1 reads the final hidden states, the graphs' own output: its target's decode and
+    verify steps take their buckets, and greedy outputs stay those without speculation."""
+    root = tmp_path_factory.mktemp("verify-eagle")
+    target = bigram_target(tiny_model_dirs["llama"], root / "target")
+    head = agreeing_head(target, root / "head", False, noise=0.002)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = [o.token_ids for o in _engine(target, None).generate(prompts, params)]
+    spec = json.dumps({"method": "eagle", "model": str(head), "num_speculative_tokens": K})
+    engine = _engine(target, spec)
+    recorder = engine.speculator.proposer = DraftRecorder(engine.speculator.proposer)
+    assert [o.token_ids for o in engine.generate(prompts, params)] == want
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    # The drafts are the head's own from scratch: it was handed the right rows.
+    full = [(ctx, d) for ctx, d in recorder.drafts if len(d) == K]
+    reference = EagleReference(target, head, False)
+    assert len(full) > 3
+    assert [d for _, d in full[::2]] == [reference.drafts(ctx, K) for ctx, _ in full[::2]]
+    assert engine.runner.verify_graphs.replays > 0 and engine.runner.graphs.replays > 0
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
