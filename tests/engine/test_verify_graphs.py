@@ -22,6 +22,7 @@ from tests.engine.draft_helpers import perturbed_copy
 from tests.engine.eagle_helpers import agreeing_head, bigram_target
 from tests.engine.eagle_reference import EagleReference
 from tests.engine.engine_helpers import random_prompts
+from tests.engine.lora_helpers import make_adapters
 from tests.engine.test_speculation import OracleProposer
 from tests.engine.test_speculation_draft import DraftRecorder
 
@@ -244,3 +245,26 @@ def test_an_eagle_head_reads_the_graphs_hidden_states(tiny_model_dirs, tmp_path_
     assert [d for _, d in full[::2]] == [reference.drafts(ctx, K) for ctx, _ in full[::2]]
     assert engine.runner.verify_graphs.replays > 0 and engine.runner.graphs.replays > 0
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def _lora_run(engine: LLMEngine, prompts, names) -> list[list[int]]:
+    for i, (prompt, name) in enumerate(zip(prompts, names)):
+        engine.add_request(str(i), prompt, PARAMS[i], lora_name=name)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def test_lora_verify_steps_take_the_buckets_lora_variant(tiny_model_dirs, tmp_path_factory,
+                                                         prompts):
+    model = tiny_model_dirs["llama"]
+    adapters = make_adapters(model, tmp_path_factory.mktemp("verify-adapters"))
+    modules = [f"{name}={path}" for name, path in adapters.items()]
+    names = [None, *list(adapters)[:2]]
+    want = _lora_run(_engine(model, None, lora_modules=modules), prompts, names)
+    engine = _engine(model, NGRAM, lora_modules=modules)
+    engine.speculator.proposer = OracleProposer([p + o for p, o in zip(prompts, want)])
+    assert _lora_run(engine, prompts, names) == want
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    assert engine.runner.verify_graphs.lora_replays > 0
