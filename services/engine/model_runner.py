@@ -198,7 +198,9 @@ class ModelRunner:
                 hidden = hidden.clone()
         if self.hidden_sink is not None:
             self.hidden_sink(scheduled, hidden)
-        if len(keep) < len(scheduled) or hidden.shape[0] > len(scheduled):
+        # Every position of an item that samples samples (one per decode item): all rows, unless
+        # an item does not.
+        if len(keep) < len(scheduled):
             ends = torch.tensor([s.num_positions for s in scheduled]).cumsum(0)
             hidden = hidden[_sample_rows(scheduled, ends).to(hidden.device)]
         return [scheduled[i] for i in keep], self.model.compute_logits(hidden)
