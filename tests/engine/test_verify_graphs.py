@@ -186,9 +186,9 @@ def test_sampled_target_as_its_own_draft_accepts_everything(tiny_model_dirs, pro
     # buckets' logits, every draft token is kept unless those logits differ from the draft's.
     model = tiny_model_dirs["llama"]
     engine = _engine(model, _draft_config(model))
-    params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
-    got = engine.generate(prompts, params)
-    assert all(len(o.token_ids) == 12 for o in got)
+    params = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
+    got = engine.generate(prompts[:2], params)
+    assert all(len(o.token_ids) == 8 for o in got)
     assert engine.speculator.stats.acceptance_rate >= 0.95
     assert engine.runner.verify_graphs.replays > 0
 
