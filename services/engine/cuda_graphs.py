@@ -5,7 +5,8 @@ the host, not the GPU, sets the pace. One graph per batch-size bucket replays th
 in a single launch. The graphs read persistent input buffers (token ids, positions, slot mapping,
 block tables, context lengths), which each step fills in place; rows past the real batch are padding
 that writes nothing (slot -1) and attends to nothing (context 0). Block tables are as wide as the
-longest sequence allows, so no shape changes between steps. Steps with prefill tokens run eagerly.
+longest sequence allows, so no shape changes between steps. Steps with prefill tokens run eagerly;
+speculative verify steps replay graphs of their own, built on this machinery (verify_graphs.py).
 
 With enforce_eager, pure-decode steps still go through the same buffers and buckets, only without
 the graph: matrix products then have the same shapes in both modes, so greedy outputs are identical

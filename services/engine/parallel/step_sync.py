@@ -7,8 +7,9 @@ since it was last sent (the blocks appended or the rejected positions' blocks tr
 table after a preemption rebuilt it) and its LoRA slot when that changed (the slots' contents
 follow rank 0's LoRA manager on the same channel: lora/replicas.py); then the handles of finished
 sequences, whose tables the ranks drop, the hidden rows rank 0 will score for prompt logprobs,
-so that every rank joins the same lm_head gathers, and the decode bucket rank 0 replays, so that
-every rank runs the same graph (cuda_graphs.py) or none.
+so that every rank joins the same lm_head gathers, and the decode or verify bucket rank 0 replays
+(verify when the items carry drafts), so that every rank runs the same graph (cuda_graphs.py,
+verify_graphs.py) or none.
 Block tables are identical on all ranks because only rank 0 allocates blocks. Rejected draft
 positions need no message of their own: their KV lies past the computed count rank 0 sends next,
 so every rank overwrites it as the sequence goes on.
@@ -38,7 +39,7 @@ class StepMessage:
     seqs: list[SeqStep]
     dropped: list[int] = field(default_factory=list)
     score_rows: list[tuple[int, int]] = field(default_factory=list)
-    bucket: int | None = None  # the decode graph bucket every rank replays; None: eager
+    bucket: int | None = None  # the graph bucket every rank replays; None: eager
 
 
 @dataclass
