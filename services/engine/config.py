@@ -140,23 +140,10 @@ class EngineConfig(BatonSettings):
         return self
 
     @model_validator(mode="after")
-    def _tensor_parallel_supports(self) -> EngineConfig:
-        if self.tensor_parallel_size == 1:
-            return self
-        # An EAGLE head reads the target's hidden states, captured on rank 0 only so far.
-        spec = parse_speculative_config(self.speculative_config)
-        if spec is not None and spec.method in ("eagle", "eagle3"):
-            raise ValueError(f"speculative method {spec.method!r} with --tensor-parallel-size > 1 "
-                             "is not supported yet ('ngram' and 'draft_model' are)")
-        return self
-
-    @model_validator(mode="after")
     def _lora_modules_enable_lora(self) -> EngineConfig:
         # vLLM's rule: naming adapters turns LoRA on; the host cache holds at least the slots.
         if self.lora_modules:
             self.enable_lora = True
-        if self.enable_lora and self.speculative_config is not None:
-            raise ValueError("LoRA adapters with --speculative-config are not supported yet")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                              f"({self.max_loras})")

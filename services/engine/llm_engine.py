@@ -154,7 +154,13 @@ class LLMEngine:
         if config.engine == "sim":
             raise ValueError("speculative decoding needs engine=model: the simulated runner "
                              "scores one position per sequence")
-        return Speculator(spec, self._proposer(spec), self.blocks, self.max_model_len,
+        try:
+            proposer = self._proposer(spec)
+        except BaseException:
+            # The other tensor-parallel ranks are up by now: a refused draft or head stops them.
+            self.close()
+            raise
+        return Speculator(spec, proposer, self.blocks, self.max_model_len,
                           config.max_num_batched_tokens, config.seed)
 
     def _proposer(self, spec: SpeculativeConfig) -> Proposer:

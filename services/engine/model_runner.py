@@ -90,7 +90,8 @@ class ModelRunner:
                 self.lora.replicas = LoRAReplicas(self.executor.send)
         # Every rank's cache has the same blocks (rank 0 allocates for all): the fewest any fits.
         # A speculative draft loads after the target: its weights and cache are left room for.
-        draft = draft_footprint(engine.speculative_config, config, engine.block_size, dtype)
+        draft = draft_footprint(engine.speculative_config, config, engine.block_size, dtype,
+                                tp.size)
         companion = draft and kv_cache.Companion(draft.weight_bytes, draft.block_bytes)
         self.num_blocks = tp.min_int(kv_cache.num_blocks(engine, config, dtype, device,
                                                          max_model_len, kv_blocks_wanted, kv_heads,

@@ -30,6 +30,7 @@ from baton.services.router.affinity_keys import AffinityKeys
 from baton.services.router.config import PluginSettings, RouterConfig
 from baton.services.router.metrics import RouterMetrics, WorkerLoadRow
 from baton.services.router.planner import Pending, Plan, Planner
+from baton.services.router.pool_stats import load_rows, pool_stats
 from baton.services.router.plugins.filters import default_filters
 from baton.services.router.plugins.picker import Picker, StickyPolicy
 from baton.services.router.plugins.registry import scorer_class
@@ -480,21 +481,8 @@ class Router:
                     for name in self.config.served_models()}
 
     def _pools(self, live: list[WorkerState], now: float) -> dict[Role, PoolStats]:
-        pools = {}
-        for role in Role:
-            members = [w for w in live if w.role is role]
-            pools[role] = PoolStats(
-                len(members), sum(w.queued_prefill_tokens() for w in members),
-                sum(w.inflight_requests() for w in members),
-                sum(w.kv_utilization() for w in members) / len(members) if members else 0.0,
-                sum(w.is_saturated(now, self.limits) for w in members))
-        return pools
+        return pool_stats(live, now, self.limits)
 
     def _load_rows(self) -> list[WorkerLoadRow]:
         with self._lock:
-            now = self._clock()
-            return [
-                WorkerLoadRow(w.worker_id, w.queued_prefill_tokens(), w.inflight_requests(),
-                              w.kv_utilization(), min(w.stats_age(now), 1e9))
-                for w in self._workers.values()
-            ]
+            return load_rows(self._workers.values(), self._clock())

@@ -7,6 +7,8 @@ import asyncio
 import gc
 import logging
 import signal
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,7 +23,7 @@ from baton.services.worker.config import WorkerConfig
 from baton.services.worker.decode import DecodeSide
 from baton.services.worker.engine_loop import EngineLoop
 from baton.services.worker.kv_events import KVEventLog
-from baton.services.worker.kv_transfer import make_transport
+from baton.services.worker.kv_transfer import KVTransport, make_transport
 from baton.services.worker.metrics import WorkerMetrics
 from baton.services.worker.prefill import PrefillSide
 from baton.services.worker.registration import keep_registered
@@ -34,11 +36,24 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "baton.v1.Worker"
 
 
-async def serve(config: WorkerConfig, engine_config: EngineConfig,
-                sim_runner: SimRunnerFactory | None = None) -> int:
-    """sim_runner: builds the engine's runner under engine=sim (see LLMEngine); the command
-    supplies it."""
-    setup_tracing(f"baton-worker-{config.role}")
+@dataclass
+class _Parts:
+    """What one worker process runs, built before it starts serving."""
+    engine: LLMEngine
+    server: grpc.aio.Server
+    address: str
+    worker_id: str
+    transport: KVTransport
+    loop: EngineLoop
+    metrics: WorkerMetrics
+    prefill: PrefillSide
+    servicer: WorkerServicer
+    health: health.aio.HealthServicer
+    probes: ThreadingHTTPServer | None
+
+
+def _build(config: WorkerConfig, engine_config: EngineConfig,
+           sim_runner: SimRunnerFactory | None) -> _Parts:
     engine = LLMEngine(engine_config, sim_runner=sim_runner)
     engine.record_block_events()
     server = grpc.aio.server()
@@ -70,38 +85,49 @@ async def serve(config: WorkerConfig, engine_config: EngineConfig,
     if config.metrics_port is not None:
         probes = serve_probes(config.host, config.metrics_port, registry,
                               lambda: not servicer.draining)
+    return _Parts(engine, server, address, worker_id, transport, loop, metrics, prefill,
+                  servicer, health_servicer, probes)
+
+
+async def serve(config: WorkerConfig, engine_config: EngineConfig,
+                sim_runner: SimRunnerFactory | None = None) -> int:
+    """sim_runner: builds the engine's runner under engine=sim (see LLMEngine); the command
+    supplies it."""
+    setup_tracing(f"baton-worker-{config.role}")
+    parts = _build(config, engine_config, sim_runner)
     # Everything built so far (model, tokenizer, caches, gRPC) lives as long as the process; frozen,
     # the collector's full passes no longer walk it and bill the pause to a decode step.
     gc.freeze()
-    loop.start()
-    await server.start()
+    parts.loop.start()
+    await parts.server.start()
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    housekeeping = asyncio.ensure_future(prefill.housekeeping())
+        await parts.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    housekeeping = asyncio.ensure_future(parts.prefill.housekeeping())
     registration = None
     if config.router:
         registration = asyncio.ensure_future(keep_registered(
-            config.router, worker_id, address, config.role, engine.model_id, engine.block_size))
+            config.router, parts.worker_id, parts.address, config.role, parts.engine.model_id,
+            parts.engine.block_size))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    metrics_at = f", metrics on :{probes.server_address[1]}" if probes else ""
+    metrics_at = f", metrics on :{parts.probes.server_address[1]}" if parts.probes else ""
     # The one line launchers and tests wait for: it says the worker is serving and where.
     print(
-        f"baton worker ready: role={config.role} address={address} "
-        f"transport={transport.name}{metrics_at}",
+        f"baton worker ready: role={config.role} address={parts.address} "
+        f"transport={parts.transport.name}{metrics_at}",
         flush=True)
     await stop.wait()
     if registration is not None:
         # stop heartbeating first: the router stops placing here as the lease runs out
         registration.cancel()
-    await _drain(config, servicer, health_servicer, metrics, prefill)
+    await _drain(config, parts.servicer, parts.health, parts.metrics, parts.prefill)
     housekeeping.cancel()
-    await server.stop(grace=1)
-    loop.stop()
-    transport.close()
-    if probes:
-        probes.shutdown()
+    await parts.server.stop(grace=1)
+    parts.loop.stop()
+    parts.transport.close()
+    if parts.probes:
+        parts.probes.shutdown()
     return 0
 
 

@@ -4,6 +4,7 @@ once, against transformers + peft; slots under pressure (no thrashing); KV never
 adapters."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
+from tests.engine.eagle_helpers import make_head
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import (assert_matches, greedy_reference, make_adapters,
                                        reference_model)
@@ -75,6 +77,30 @@ def test_mixed_batch_matches_peft(case: dict, kwargs: dict) -> None:
     # each adapter was copied into a slot once, however the requests interleaved.
     assert stats.slot_loads == len(case["adapters"])
     assert stats.generation_tokens == {n: PROMPTS_EACH * NEW_TOKENS for n in case["adapters"]}
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "eagle"])
+def test_speculation_keeps_each_adapters_outputs(case: dict, method: str, tmp_path: Path) -> None:
+    """Drafts come from the base (the base model as its own draft, n-grams of the text, an EAGLE
+    head over the adapted target's hidden states) and the target verifies them under each
+    request's adapter: outputs are still transformers + peft's. With the base as draft, a verify
+    pass that read the base at the draft positions would accept the base's tokens and fail."""
+    spec: dict = {"method": method, "num_speculative_tokens": 3}
+    if method == "ngram":
+        spec |= {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    elif method == "draft_model":
+        spec["model"] = str(case["model"])
+    else:  # a random head: drafts mostly rejected, the verify pass still under each adapter
+        spec["model"] = str(make_head(case["model"], tmp_path / "head", False))
+    engine = _engine(case, max_loras=3, speculative_config=json.dumps(spec))
+    got = _run_all(engine, case)
+    for (name, i), tokens in got.items():
+        want, gaps = case["want"][name][i]
+        assert_matches(tokens, want, gaps, f"{method}: adapter {name} prompt {i}")
+    assert engine.speculator.stats.num_drafts > 0
+    if method == "draft_model":
+        assert engine.speculator.stats.num_accepted_tokens > 0
+        assert engine.speculator.proposer.runner.lora is None, "the draft carries no adapters"
 
 
 def test_no_thrashing_when_adapters_outnumber_slots(case: dict) -> None:

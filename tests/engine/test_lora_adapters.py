@@ -106,9 +106,6 @@ def test_config_implies_enable_lora_and_checks_host_cache() -> None:
     assert EngineConfig(lora_modules=["a=/x"]).enable_lora
     with pytest.raises(ValueError, match="max_cpu_loras"):
         EngineConfig(max_loras=4, max_cpu_loras=2)
-    with pytest.raises(ValueError, match="speculative-config are not supported"):
-        EngineConfig(lora_modules=["a=/x"],
-                     speculative_config='{"method": "ngram", "num_speculative_tokens": 2}')
 
 
 def test_manager_names_base_model_and_in_use(llama, tmp_path: Path) -> None:

@@ -123,10 +123,3 @@ def test_step_messages_carry_drafts_and_trim_tables_in_place() -> None:
     assert (item.draft, item.num_positions, item.seq.block_ids) == ([], 1, [7, 9])
     assert item.seq.token_ids[5:6] == [10]
 
-
-def test_eagle_at_tp2_is_refused(tmp_path) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    spec = json.dumps({"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="'eagle' with --tensor-parallel-size > 1 is not "
-                                         "supported yet"):
-        EngineConfig(tensor_parallel_size=2, speculative_config=spec)

@@ -19,6 +19,10 @@ own device, and only its tokens reach the other ranks (in the step's message, fo
 that runs on all of them). A draft is small: sharded, it would wait on a collective per layer per
 draft token; replicated, every rank would spend memory and compute on tokens only rank 0 needs. Its
 cache has the target's block ids, so it lives and goes with rank 0's blocks as at TP=1.
+
+A request with a LoRA adapter is drafted by the base draft (DraftView has no adapter slot) and
+verified by the target under its adapter, so its output is the adapter's; the adapter only lowers
+the acceptance rate as far as it moves the target away from what the draft predicts.
 """
 from __future__ import annotations
 
@@ -201,7 +205,8 @@ def build_draft_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     # Under tensor parallelism the draft runs whole on rank 0 alone (see the module's docstring).
     settings = engine.model_copy(update={"model": spec.model, "num_kv_blocks": blocks.num_blocks,
                                          "kv_cache_memory_gib": None, "speculative_config": None,
-                                         "tensor_parallel_size": 1})
+                                         "tensor_parallel_size": 1, "enable_lora": False,
+                                         "lora_modules": []})
     try:
         with solo():
             runner = ModelRunner(settings, config, Path(spec.model), dtype, device, max_len)

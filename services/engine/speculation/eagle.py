@@ -15,6 +15,32 @@ Its KV at the draft tokens' positions is rewritten by the next catch-up, which s
 previous step's rows start. Positions whose hidden states this worker never computed (a prompt
 whose KV came by hand-off, prefix-cache hits) keep what their blocks hold: the drafts there may be
 worse, the outputs are the same (verification keeps them exact).
+
+Under tensor parallelism the head runs whole on rank 0 alone, as a draft model does: the hidden
+states it reads are rank 0's full rows (the residual stream is whole on every rank after each
+all-reduce, EAGLE-3's layer inputs too), and only its tokens reach the other ranks, in the step's
+message. It needs the target's embedding and (EAGLE-1) lm_head whole, which rank 0 reads from the
+checkpoint itself (eagle_vocab.py: the embedding in host memory, the lm_head on the device). The
+other way, the head sharded over every rank in lockstep, was weighed for Llama-3 8B and 70B
+(vocabulary 128256, hidden 4096 / 8192, 8 KV heads; bf16; k draft positions take k head passes):
+- Memory. Whole on rank 0: the head (EAGLE-1 0.47 / 1.84 GiB, EAGLE-3 with its 32K-token lm_head
+  0.79 / 2.61 GiB), EAGLE-1's lm_head copy (0.98 / 1.96 GiB) and 4 KiB of head KV per token
+  beside the target's 128 / 320 KiB / TP. Every rank has the fewest blocks any rank fits, so all
+  lose what rank 0 spends: 70B at TP=8 with EAGLE-1, about 15% of the KV blocks (3.8 GiB of a
+  ~54 GiB cache, and 4 of 44 KiB a token); 8B at TP=2, about 8%. Sharded: 1/TP of the head
+  and of its KV, no copy; 70B at TP=8 about 2%.
+- Collectives. Whole on rank 0: none. Sharded: per head pass, the embedding's, o_proj's and
+  down_proj's all-reduces ([tokens, hidden]), a gather of the logits to rank 0 (EAGLE-1: 0.5 MB
+  a sequence in float32) and a message to the other ranks with the batch and the tokens rank 0
+  just picked, which must reach them before the next pass; the other ranks would also keep the
+  hidden rows and mirror the proposer's catch-up bookkeeping.
+- Time. A draft pass is bound by its weight reads: whole, rank 0 reads the head and lm_head alone
+  (70B EAGLE-1: 3.8 GiB, ~1.2 ms a pass on an H100) while the others wait; sharded, 1/TP of that
+  plus the five collectives' latencies.
+Whole on rank 0 is taken: the followers and their messages stay as they are, no pass waits on a
+slow rank, and at TP=2 (8B's usual shape) the sharded head would save ~0.2 ms a pass and ~5% of
+the blocks at the price of a second step protocol. At 70B over 8 ranks the sharded head's lower
+memory and per-pass time are worth that protocol; it is the next step (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -33,12 +59,14 @@ from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.layers.attention import Attention
 from baton.services.engine.layers.rotary import RotaryEmbedding
 from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.parallel.state import solo
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import SpeculativeConfig, SpeculativeConfigError
 from baton.services.engine.speculation.draft_model import DraftModelProposer, DraftView
 from baton.services.engine.speculation.eagle_config import aux_layers, head_config
 from baton.services.engine.speculation.eagle_head import EagleHead, load_head
+from baton.services.engine.speculation.eagle_vocab import TargetVocab, shared_vocab, whole_vocab
 from baton.services.engine.speculation.proposer import Draft
 from baton.services.engine.speculation.speculator import may_speculate
 
@@ -63,13 +91,15 @@ class Pass:
 
 class HeadRunner(ModelRunner):
     """The head and its one-layer cache beside the target's; steps are prepared as the target's
-    are (the inherited _prepare), the head reads the target's embedding and lm_head."""
+    are (the inherited _prepare), the head reads the target's embedding and lm_head (vocab)."""
 
-    def __init__(self, engine: EngineConfig, head: EagleHead, target: torch.nn.Module,
-                 num_blocks: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, engine: EngineConfig, head: EagleHead, vocab: TargetVocab,
+                 vocab_size: int, num_blocks: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.device, self.block_size, self.lora = device, engine.block_size, None
         self.executor = self.encoder = self.graphs = self.hidden_sink = None
-        self.head, self.target, self.attention = head, target, head.layer.self_attn.attention
+        self.head, self.vocab, self.attention = head, vocab, head.layer.self_attn.attention
+        self.vocab_size = vocab_size
         self.num_blocks = num_blocks
         config = head.config
         self.attention.kv_cache = kv_cache.allocate(config, num_blocks, engine.block_size, dtype,
@@ -88,12 +118,12 @@ class HeadRunner(ModelRunner):
         packed = [item for item, _ in batch]
         ids, positions, meta, last = self._prepare(packed)
         hidden = torch.cat([rows for _, rows in batch]).to(self.device)
-        out, nxt = self.head(self.target.model.embed_tokens(ids), hidden, positions, meta)
+        out, nxt = self.head(self.vocab.embed(ids), hidden, positions, meta)
         out, nxt = out[last], nxt[last]
         if self.head.eagle3:
-            logits = self.head.draft_logits(out, self.target.config.vocab_size)
+            logits = self.head.draft_logits(out, self.vocab_size)
         else:
-            logits = self.target.compute_logits(out)
+            logits = self.vocab.logits(out)
         return {id(item): Pass(item, logits[i], nxt[i]) for i, item in enumerate(packed)}
 
 
@@ -179,6 +209,9 @@ def build_eagle_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     folder, model = Path(spec.model), target.model
     config = head_config(folder, eagle3, model.config)
     layers = aux_layers(config, model.config) if eagle3 else None
+    # Before the cache's check: rank 0's lm_head copy (eagle_vocab.py) is on the device.
+    vocab = shared_vocab(model) if engine.tensor_parallel_size == 1 else whole_vocab(
+        Path(engine.model), model.config, eagle3, dtype, target.device)
     settings = engine.model_copy(update={"num_kv_blocks": blocks.num_blocks,
                                          "kv_cache_memory_gib": None})
     try:
@@ -189,10 +222,13 @@ def build_eagle_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
             "as the target's) does not fit beside the target's; set --num-kv-blocks or "
             f"--kv-cache-memory-gib so that both fit ({e})") from None
     attention = Attention(head_dim(config) ** -0.5, target.attention.backend, engine.block_size)
-    head = load_head(folder, config, attention, eagle3, dtype, target.device)
+    # Whole on rank 0 under tensor parallelism: its layers join no collective.
+    with solo():
+        head = load_head(folder, config, attention, eagle3, dtype, target.device)
     head.config = config
     head.rope = RotaryEmbedding(config, head_dim(config), max_model_len).to(target.device)
-    runner = HeadRunner(engine, head, model, blocks.num_blocks, dtype, target.device)
+    runner = HeadRunner(engine, head, vocab, model.config.vocab_size, blocks.num_blocks, dtype,
+                        target.device)
     proposer = EagleProposer(runner, blocks, max_model_len, engine.seed)
     target.capture_hidden(layers, proposer.observe)
     log.info("%s head %s: %d KV blocks beside the target's%s", spec.method, spec.model,

@@ -46,8 +46,9 @@ def _numel(folder: Path) -> int:
 
 
 def draft_footprint(speculative_config: str | None, target: PretrainedConfig, block_size: int,
-                    dtype: torch.dtype) -> DraftFootprint | None:
-    """The footprint of the config's draft model or head (None for n-gram or no speculation)."""
+                    dtype: torch.dtype, tensor_parallel_size: int = 1) -> DraftFootprint | None:
+    """The footprint of the config's draft model or head (None for n-gram or no speculation):
+    under tensor parallelism an EAGLE-1 head's includes rank 0's copy of the target's lm_head."""
     spec = parse_speculative_config(speculative_config)
     if spec is None or spec.model is None:
         return None
@@ -59,4 +60,8 @@ def draft_footprint(speculative_config: str | None, target: PretrainedConfig, bl
         from baton.services.engine.speculation.eagle_config import head_config
         config = head_config(folder, spec.method == "eagle3", target)
     itemsize = torch.finfo(dtype).bits // 8
-    return DraftFootprint(_numel(folder) * itemsize, block_bytes(config, block_size, dtype))
+    weights = _numel(folder) * itemsize
+    if spec.method == "eagle" and tensor_parallel_size > 1:
+        from baton.services.engine.speculation.eagle_vocab import lm_head_bytes
+        weights += lm_head_bytes(target, dtype)
+    return DraftFootprint(weights, block_bytes(config, block_size, dtype))
