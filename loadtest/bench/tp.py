@@ -2,6 +2,8 @@
 tensor-parallel size, tokens per second, and the share of rank 0's step spent in the model's
 collectives (the all-reduces after o_proj and down_proj and of the embedding, the lm_head gather).
 
+On GPU the decode steps' all-reduces run inside their CUDA graphs, where rank 0's clock does not
+see them: the decode rows' share is then the lm_head gather's alone (--enforce-eager for the split).
 Decode sequences join through the KV hand-off path as in `baton bench decode-step`
 (decode.join_prefilled), so no prefill is timed with them; prefill steps are one fresh prompt
 each, the prefix cache off.

@@ -10,6 +10,26 @@ longest sequence allows, so no shape changes between steps. Steps with prefill t
 With enforce_eager, pure-decode steps still go through the same buffers and buckets, only without
 the graph: matrix products then have the same shapes in both modes, so greedy outputs are identical
 token for token (a GEMM's rounding may depend on its row count).
+
+Under tensor parallelism every rank holds the same graphs, and rank 0's step message names the
+bucket each decode step replays (None: eager), since only rank 0 sees all that decides it (prompt
+logprobs, a hidden-state sink): the ranks' all-reduces must pair up call for call, or NCCL waits
+forever. The all-reduces are PyTorch's own NCCL collectives (c10d), captured into the graphs as
+they are: NCCL supports capture since 2.9 (CUDA 11.3), and since PyTorch 2.1 ProcessGroupNCCL keeps
+captured work away from its watchdog, which would otherwise query events recorded during capture,
+and graph capture waits for the watchdog's pending queries first. vLLM wraps NCCL itself (pynccl)
+and adds a custom all-reduce for latency, not because c10d cannot be captured; one all-reduce path
+for eager and graph steps is simpler, and a faster one can replace TPGroup.all_reduce later. The
+rules capture imposes, and how they are kept:
+- NCCL creates a communicator on its first collective, which capture cannot record: one
+  all-reduce runs before the first capture.
+- Captured collectives must be identical on every rank, in the same order: every rank captures the
+  same buckets, largest first, and agrees bucket by bucket (a MIN over the ranks' votes) whether
+  the capture time limit still allows the next one, so no rank stops at another bucket. The
+  warm-up runs before each capture execute real all-reduces, so this agreement also keeps them
+  paired.
+- Launching a graph that holds NCCL operations is itself collective: followers replay exactly the
+  bucket rank 0 replays, and run eagerly exactly when it does.
 """
 from __future__ import annotations
 
@@ -22,6 +42,7 @@ from typing import Protocol
 import torch
 
 from baton.services.engine.layers.attention import AttentionMetadata
+from baton.services.engine.parallel.state import get_tp_group
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +189,18 @@ class DecodeGraphs:
                  ",".join(map(str, self.buckets)))
 
     def capture(self, time_limit_s: float = CAPTURE_TIME_LIMIT_S) -> None:
+        """Captures the buckets, largest first, in lockstep with the other tensor-parallel
+        ranks."""
         started = time.perf_counter()
         free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = torch.cuda.graph_pool_handle()
-        for bucket in reversed(self._wanted):
-            if time.perf_counter() - started > time_limit_s:
-                log.warning(
-                    "CUDA graph capture stopped after %.1f s (limit %.0f s): batches below %d "
-                    "rows replay "
-                    "padded to that size",
-                    time.perf_counter() - started, time_limit_s, min(self.steps))
-                break
-            self.add(bucket, self._capture_one(bucket, pool))
+        # NCCL makes its communicator on the first collective, which a capture cannot record.
+        get_tp_group().all_reduce(torch.zeros(1, device=self.device))
+        torch.cuda.synchronize(self.device)
+        steps = capture_in_lockstep(list(reversed(self._wanted)),
+                                    lambda bucket: self._capture_one(bucket, pool), time_limit_s)
+        for bucket, step in steps.items():
+            self.add(bucket, step)
         self.captured = True
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
         log.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s, %.0f MiB",
@@ -203,12 +224,37 @@ class DecodeGraphs:
         self.steps[bucket] = step
         self.buckets = sorted(self.steps)
 
-    def can_run(self, batch: int) -> bool:
-        return pick_bucket(self.buckets, batch) is not None
+    def bucket_for(self, batch: int) -> int | None:
+        """The bucket a step of batch rows replays, or None when it runs eagerly."""
+        return pick_bucket(self.buckets, batch)
 
-    def run(self, batch: DecodeBatch) -> torch.Tensor:
-        """Replays the smallest bucket that fits; returns the hidden states of the real rows."""
-        bucket = pick_bucket(self.buckets, len(batch.token_ids))
+    def run(self, batch: DecodeBatch, bucket: int | None = None) -> torch.Tensor:
+        """Replays bucket (by default the smallest that fits); returns the hidden states of the
+        real rows. Under tensor parallelism the other ranks are given rank 0's bucket."""
+        rows = len(batch.token_ids)
+        bucket = self.bucket_for(rows) if bucket is None else bucket
+        if bucket not in self.steps or bucket < rows:
+            raise RuntimeError(f"decode bucket {bucket} cannot run {rows} rows on this rank "
+                               f"(buckets {self.buckets})")
         self.inputs.fill(batch, bucket)
         self.replays += 1
-        return self.steps[bucket].replay()[:len(batch.token_ids)]
+        return self.steps[bucket].replay()[:rows]
+
+
+def capture_in_lockstep(buckets: list[int], capture_one: Callable[[int], Replayable],
+                        time_limit_s: float,
+                        clock: Callable[[], float] = time.perf_counter) -> dict[int, Replayable]:
+    """Captures buckets in the order given while time_limit_s allows, stopping every
+    tensor-parallel rank at the same bucket: before each one the ranks agree to go on only if
+    all of them are still within the limit."""
+    tp = get_tp_group()
+    started = clock()
+    steps: dict[int, Replayable] = {}
+    for bucket in buckets:
+        if not tp.min_int(int(clock() - started <= time_limit_s)):
+            log.warning("CUDA graph capture stopped after %.1f s (limit %.0f s, on this or "
+                        "another rank): batches below %s rows replay padded to that size",
+                        clock() - started, time_limit_s, min(steps, default="no"))
+            break
+        steps[bucket] = capture_one(bucket)
+    return steps

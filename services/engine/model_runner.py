@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,17 +107,7 @@ class ModelRunner:
             log.info("tensor-parallel rank %d of %d: %d bytes of weights, %d KV blocks of %d "
                      "heads", tp.rank, tp.size, self.rank_weight_bytes[tp.rank], self.num_blocks,
                      kv_heads)
-        self.graphs: DecodeGraphs | None = None
-        # The NCCL all-reduces are not captured in the decode graphs yet: TP runs eagerly.
-        if bucketed_decode(device, backend) and tp.size == 1:
-            max_blocks = -(-max_model_len // engine.block_size)
-            self.graphs = DecodeGraphs(self.model,
-                                       min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
-                                       max_blocks, device)
-            if engine.enforce_eager:
-                self.graphs.use_eager()
-            else:
-                self.graphs.capture()
+        self.graphs = _decode_graphs(self.model, engine, device, backend, max_model_len)
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks, if any."""
@@ -135,12 +126,16 @@ class ModelRunner:
         self.model.capture_layers = layers or ()
         self.hidden_sink = sink
 
-    def _graphable(self, scheduled: list[ScheduledSeq]) -> bool:
-        """A pure-decode step a captured graph covers; prompt scoring needs the eager path's hidden
-        states."""
-        return (all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs
-                    and s.seq.lora_slot is None for s in scheduled)
-                and self.graphs.can_run(len(scheduled)))
+    def _decode_bucket(self, scheduled: list[ScheduledSeq]) -> int | None:
+        """The graph bucket a pure-decode step replays, or None when the step runs eagerly (prompt
+        scoring and the hidden-state sink need the eager path's hidden states). Under tensor
+        parallelism only this, rank 0's, decision counts: its step message carries it."""
+        if self.graphs is None or self.hidden_sink is not None:
+            return None
+        if not all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs
+                   and s.seq.lora_slot is None for s in scheduled):
+            return None
+        return self.graphs.bucket_for(len(scheduled))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
@@ -149,11 +144,11 @@ class ModelRunner:
         asked for prompt logprobs get this step's share appended."""
         if self.lora is not None:
             self.lora.indices = None
-        if self.graphs is not None and self.hidden_sink is None and self._graphable(scheduled):
-            hidden = self.graphs.run(_decode_batch(scheduled, self.block_size))
-            keep = [i for i, s in enumerate(scheduled) if s.samples]
-            rows = hidden if len(keep) == len(scheduled) else hidden[keep]
-            return [scheduled[i] for i in keep], self.model.compute_logits(rows)
+        bucket = self._decode_bucket(scheduled)
+        if bucket is not None:
+            if self.executor is not None:
+                self.executor.send(self.encoder.encode(scheduled, [], bucket))
+            return self._replay(scheduled, bucket)
         # A draft makes its item a short chunk over cached context: the chunked-prefill attention
         # (paged, causal within the chunk) is the multi-query attention that verifies it.
         packed = [s for s in scheduled if s.num_positions > 1
@@ -171,12 +166,23 @@ class ModelRunner:
         keep = [i for i, s in enumerate(packed) if s.samples]
         return [packed[i] for i in keep], self.model.compute_logits(hidden[sample_rows])
 
+    def _replay(self, scheduled: list[Any], bucket: int) -> tuple[list[Any], torch.Tensor]:
+        """A pure-decode step through the graph buffers: the items that sample and their logits."""
+        hidden = self.graphs.run(_decode_batch(scheduled, self.block_size), bucket)
+        keep = [i for i, s in enumerate(scheduled) if s.samples]
+        rows = hidden if len(keep) == len(scheduled) else hidden[keep]
+        return [scheduled[i] for i in keep], self.model.compute_logits(rows)
+
     @torch.inference_mode()
-    def execute_follower(self, packed: list[MirrorItem], score_rows: list[tuple[int, int]]) -> None:
+    def execute_follower(self, packed: list[MirrorItem], score_rows: list[tuple[int, int]],
+                         bucket: int | None = None) -> None:
         """A rank other than 0: the same forward pass and lm_head calls as rank 0's execute, whose
-        logits only rank 0 receives."""
+        logits only rank 0 receives; through the graph bucket rank 0 replays, if any."""
         if self.lora is not None:
             self.lora.indices = None
+        if bucket is not None:
+            self._replay(packed, bucket)
+            return
         ids, positions, meta, sample_rows = self._prepare(packed)
         hidden = self.model(ids, positions, meta)
         for start, stop in score_rows:
@@ -262,15 +268,33 @@ def _rank0_device(tp_size: int, engine: EngineConfig) -> torch.device:
     return torch.device("cuda", 0)
 
 
+def _decode_graphs(model: torch.nn.Module, engine: EngineConfig, device: torch.device,
+                   backend: str, max_model_len: int) -> DecodeGraphs | None:
+    """The decode buckets, the same on every tensor-parallel rank (the same settings, captured
+    together); checked, since a rank replaying a bucket another lacks would hang them all."""
+    graphs = None
+    if bucketed_decode(device, backend):
+        graphs = DecodeGraphs(model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
+                              -(-max_model_len // engine.block_size), device)
+        if engine.enforce_eager or device.type != "cuda":
+            graphs.use_eager()
+        else:
+            graphs.capture()
+    held = get_tp_group().all_gather_object(None if graphs is None else graphs.buckets)
+    if any(buckets != held[0] for buckets in held):
+        raise RuntimeError(f"tensor-parallel ranks hold different decode buckets: {held}")
+    return graphs
+
+
 def bucketed_decode(device: torch.device, backend: str) -> bool:
-    """Decode steps go through the graph buffers on CUDA with the Triton attention (whose decode
-    kernel reads its lengths on the device), captured or not (enforce_eager)."""
-    if device.type != "cuda":
-        return False
-    if backend != "triton":
+    """Decode steps go through the graph buffers with the Triton attention (whose decode kernel
+    reads its lengths on the device): captured on CUDA unless enforce_eager, run eagerly
+    elsewhere (Triton's interpreter on CPU, which the tests use)."""
+    if backend == "triton":
+        return True
+    if device.type == "cuda":
         log.warning("CUDA graphs need attention_backend triton; decode steps run eagerly")
-        return False
-    return True
+    return False
 
 
 def _decode_batch(scheduled: list[ScheduledSeq], block_size: int) -> DecodeBatch:

@@ -55,10 +55,13 @@ def _generate(engine: LLMEngine) -> list[list[int]]:
 def test_decode_through_bucket_buffers_without_graphs_matches_eager(tiny_model_dirs):
     config = EngineConfig(model=str(tiny_model_dirs["llama"]), device=DEVICE,
                           attention_backend="triton", num_kv_blocks=64, max_num_batched_tokens=32)
-    eager = _generate(LLMEngine(config))
+    reference = LLMEngine(config)
+    assert reference.runner.graphs is not None and not reference.runner.graphs.captured
+    reference.runner.graphs = None  # every step packed as prefill steps are
+    eager = _generate(reference)
     engine = LLMEngine(config)
     runner = engine.runner
-    # What enforce_eager does on CUDA; capture itself needs CUDA.
+    # What enforce_eager does on CUDA (and the Triton interpreter on CPU); capture needs CUDA.
     graphs = DecodeGraphs(runner.model, 4, -(-engine.max_model_len // config.block_size),
                           engine.device)
     graphs.use_eager()

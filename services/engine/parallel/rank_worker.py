@@ -53,7 +53,8 @@ def serve(spec: RankSpec) -> None:
                                  RankReply(task_id, spec.rank, value, error)))
         while (message := channel.recv(conn)) is not None:
             if isinstance(message, StepMessage):
-                runner.execute_follower(decoder.decode(message), message.score_rows)
+                runner.execute_follower(decoder.decode(message), message.score_rows,
+                                        message.bucket)
             elif isinstance(message, RankTask):
                 tasks.run(message)
             elif isinstance(message, TIER_MESSAGES):  # rank 0's KV tiers' copies

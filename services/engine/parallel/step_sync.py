@@ -6,8 +6,9 @@ speculates (verified by the same multi-query forward on every rank), the change 
 since it was last sent (the blocks appended or the rejected positions' blocks trimmed, or the whole
 table after a preemption rebuilt it) and its LoRA slot when that changed (the slots' contents
 follow rank 0's LoRA manager on the same channel: lora/replicas.py); then the handles of finished
-sequences, whose tables the ranks drop, and the hidden rows rank 0 will score for prompt logprobs,
-so that every rank joins the same lm_head gathers.
+sequences, whose tables the ranks drop, the hidden rows rank 0 will score for prompt logprobs,
+so that every rank joins the same lm_head gathers, and the decode bucket rank 0 replays, so that
+every rank runs the same graph (cuda_graphs.py) or none.
 Block tables are identical on all ranks because only rank 0 allocates blocks. Rejected draft
 positions need no message of their own: their KV lies past the computed count rank 0 sends next,
 so every rank overwrites it as the sequence goes on.
@@ -37,6 +38,7 @@ class StepMessage:
     seqs: list[SeqStep]
     dropped: list[int] = field(default_factory=list)
     score_rows: list[tuple[int, int]] = field(default_factory=list)
+    bucket: int | None = None  # the decode graph bucket every rank replays; None: eager
 
 
 @dataclass
@@ -54,12 +56,13 @@ class StepEncoder:
         self._sent: dict[int, _Sent] = {}  # by id(seq); the entry keeps seq alive
         self._next_handle = 0
 
-    def encode(self, packed: list[Any], score_rows: list[tuple[int, int]]) -> StepMessage:
+    def encode(self, packed: list[Any], score_rows: list[tuple[int, int]],
+               bucket: int | None = None) -> StepMessage:
         dropped = [s.handle for s in self._sent.values() if s.seq.status is Status.FINISHED]
         if dropped:
             self._sent = {k: s for k, s in self._sent.items()
                           if s.seq.status is not Status.FINISHED}
-        return StepMessage([self._seq_step(item) for item in packed], dropped, score_rows)
+        return StepMessage([self._seq_step(item) for item in packed], dropped, score_rows, bucket)
 
     def _seq_step(self, item: Any) -> SeqStep:
         seq = item.seq
