@@ -80,6 +80,8 @@ def _files(disk_dir: Path, rank: int) -> dict[str, Path]:
 
 def test_tp2_disk_tier_outputs_equal_tp1_without_tiers(tiny_model_dirs, reference,
                                                        tmp_path: Path) -> None:
+    """Then a second group on the same folder: rank 1's files that rank 0 no longer indexes are
+    deleted, the others load back into an empty device cache and host tier."""
     outputs, host_gib = reference
     e = _disk_engine(tiny_model_dirs, host_gib, tmp_path)
     try:
@@ -94,6 +96,17 @@ def test_tp2_disk_tier_outputs_equal_tp1_without_tiers(tiny_model_dirs, referenc
         # Each rank holds its share of the same blocks, the ones rank 0's index names.
         names = {f"{h:016x}.kv" for h in e.tiers.disk.index}
         assert len(names) > 0 and set(_files(tmp_path, 0)) == names == set(_files(tmp_path, 1))
+    finally:
+        e.close()
+    _files(tmp_path, 0).popitem()[1].unlink()
+    e = _disk_engine(tiny_model_dirs, host_gib, tmp_path)
+    try:
+        half = len(PROMPTS)
+        again = e.generate(follow_ups(PROMPTS, outputs[:half]), GREEDY)
+        assert [o.token_ids for o in again] == outputs[half:]
+        assert e.tiers.stats["disk"].blocks_loaded > 0
+        assert e.tiers.flush()
+        assert set(_files(tmp_path, 1)) <= set(_files(tmp_path, 0))
     finally:
         e.close()
 
@@ -127,7 +140,7 @@ def test_tp2_failed_rank1_disk_share_fails_the_load(tiny_model_dirs, reference,
         e.tiers.disk.writable = False  # so that every disk hit below is a damaged block
         # Swap preemption may have loaded blocks from disk already.
         loaded_before = e.tiers.stats["disk"].blocks_loaded
-        second = e.generate(follow_ups(PROMPTS, first), GREEDY)
+        second = e.generate(follow_ups(PROMPTS, [o.token_ids for o in first]), GREEDY)
         assert e.tiers.flush()
         assert [o.token_ids for o in first + second] == outputs
         disk = e.tiers.stats["disk"]
