@@ -66,6 +66,11 @@ kv() {
     --layout llama-8b --sizes 16 256 --repeats 3 --transports nixl --blocks consecutive \
     --output-json $OUT/kv_nixl.json" > "$OUT/kv_nixl.txt" 2>&1
   grep -v "NIXL INFO" "$OUT/kv_nixl.txt" | tail -5
+  # decode rank 0's share of a TP 4 -> 8 hand-off, token-major against head-major caches
+  timeout 120 bash -c "$(declare -f baton); baton bench kv-transfer --device cuda --layout llama-8b \
+    --tp 4:8 --kv-cache-layout NHD HND --sizes 16 256 --repeats 3 --transports nixl --blocks random \
+    --output-json $OUT/kv_nixl_tp.json" > "$OUT/kv_nixl_tp.txt" 2>&1
+  grep -v "NIXL INFO" "$OUT/kv_nixl_tp.txt" | tail -8
 }
 
 # step: host-tier KV stores and loads through the engine's copier, 2k-token prompts, 8B shape
@@ -106,7 +111,7 @@ wave() {
 }
 
 # the usual seconds each step takes on an H100 (measured or estimated from its parts)
-declare -A COST=([kernels]=120 [decode]=150 [kv]=90 [tiers]=40 [handoff]=120 [throughput]=150
+declare -A COST=([kernels]=120 [decode]=150 [kv]=150 [tiers]=40 [handoff]=120 [throughput]=150
                  [wave]=360)
 
 log "setup"; setup; pack

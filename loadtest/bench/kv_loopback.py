@@ -39,6 +39,7 @@ class CacheShape:
     kv_heads: int
     head_dim: int
     dtype: str = "bfloat16"
+    order: str = "NHD"  # the cache's in-block order (engine/kv/layout.py)
 
     def dims(self) -> tuple[int, ...]:
         return self.num_layers, self.num_blocks, 2, self.block_size, self.kv_heads, self.head_dim
@@ -48,10 +49,20 @@ class CacheShape:
                                                                              self.dtype).itemsize
 
 
+def empty_cache(shape: CacheShape, device: str = "cpu") -> torch.Tensor:
+    """Uninitialised, of logical shape `dims()`, stored in `shape.order`."""
+    dtype = getattr(torch, shape.dtype)
+    if shape.order == "HND":
+        layers, blocks, kv, size, heads, dim = shape.dims()
+        return torch.empty((layers, blocks, kv, heads, size, dim), dtype=dtype,
+                           device=device).transpose(3, 4)
+    return torch.empty(shape.dims(), dtype=dtype, device=device)
+
+
 def random_cache(shape: CacheShape, seed: int, device: str = "cpu") -> torch.Tensor:
     """A cache whose every byte is drawn from `seed` on `device`, so the parent can rebuild the
     expected contents (the same seed gives different bytes on the CPU and on a GPU)."""
-    cache = torch.empty(shape.dims(), dtype=getattr(torch, shape.dtype), device=device)
+    cache = empty_cache(shape, device)
     raw = byte_view(cache).view(-1)
     generator = torch.Generator(device=device).manual_seed(seed)
     raw.copy_(
@@ -72,6 +83,13 @@ def blocks_digest(cache: torch.Tensor, blocks: list[int]) -> str:
         for block in blocks:
             digest.update(data[layer, block])
     return digest.hexdigest()
+
+
+def heads_digest(cache: torch.Tensor, blocks: list[int], start: int, count: int) -> str:
+    """A hash of KV heads [start, start + count) of every layer of `blocks`, in logical order, so
+    caches of either order compare."""
+    values = cache[:, list(blocks), :, :, start:start + count].contiguous().cpu()
+    return hashlib.blake2b(values.view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
 
 
 class PullKVServicer(worker_pb2_grpc.WorkerServicer):
@@ -138,6 +156,8 @@ def _source_main(spec: SourceSpec, conn: Any) -> None:
             conn.send({kind: t.take_notifications() for kind, t in transports.items()})
         elif command == "digest":
             conn.send(blocks_digest(cache, arg))
+        elif command == "heads_digest":
+            conn.send(heads_digest(cache, *arg))
         elif command == "stop":
             break
     if server is not None:
@@ -200,6 +220,9 @@ class SourceProcess:
 
     def digest(self, blocks: list[int]) -> str:
         return self._ask("digest", blocks)
+
+    def heads_digest(self, blocks: list[int], start: int, count: int) -> str:
+        return self._ask("heads_digest", (blocks, start, count))
 
     def pause(self) -> None:
         """SIGSTOP: alive and connected but answering nothing, as a wedged worker. Returns once

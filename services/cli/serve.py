@@ -28,7 +28,7 @@ from baton.services.cli.serve_config import ServeSettings, add_arguments, resolv
 from baton.services.cli.serve_models import ModelPlan, model_plans
 from baton.services.cli.serve_preflight import (check_command, check_keys_file, check_model,
                                                 check_port, check_tensor_parallel,
-                                                worker_tp_size)
+                                                pool_layout_args, worker_tp_size)
 from baton.services.common.process import ServiceProcess, free_port, launch_service
 from baton.services.common.settings import settings_to_flags
 from baton.services.common.supervisor import GaveUp, RestartPolicy, Supervisor
@@ -101,6 +101,7 @@ def plan_workers(settings: ServeSettings, model: str, name: str, models: int = 1
            for role in set(worker_roles)}
     sizes = {role: worker_tp_size([*given, *args], engine.tensor_parallel_size)
              for role, args in own.items()}
+    given += pool_layout_args(given, own, sizes)
     # One core per process (each tensor-parallel rank is one) where there are enough; torch's
     # default (all cores per process) would oversubscribe.
     threads = engine.num_threads or max(

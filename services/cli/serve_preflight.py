@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import socket
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from pydantic import ValidationError
 
 from baton.services.cli.config_docs import settings_class
 from baton.services.common.settings import describe_error, settings_from_args
+
+log = logging.getLogger(__name__)
 
 # The settings classes each command builds from its flags.
 COMMAND_SETTINGS = {
@@ -82,6 +85,22 @@ def worker_tp_size(worker_args: list[str], default: int) -> int:
     parser.add_argument("-tp", "--tensor-parallel-size", dest="size", type=int, default=default)
     known, _ = parser.parse_known_args(worker_args)
     return known.size
+
+
+def pool_layout_args(given: list[str], own: dict[str, list[str]],
+                     sizes: dict[str, int]) -> list[str]:
+    """Worker arguments that give both pools head-major KV blocks when their tensor-parallel sizes
+    differ and no layout was chosen: each decode rank then reads a prefill block's heads as one
+    piece, not one per token (docs/sizing.md); an explicit --kv-cache-layout anywhere is kept."""
+    if len(set(sizes.values())) == 1:
+        return []
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--kv-cache-layout", dest="layout", default=None)
+    if any(parser.parse_known_args(args)[0].layout for args in [given, *own.values()]):
+        return []
+    log.info("the prefill and decode pools run at tensor-parallel sizes %s: both get "
+             "--kv-cache-layout HND", sorted(set(sizes.values())))
+    return ["--kv-cache-layout=HND"]
 
 
 def check_tensor_parallel(model: str, sizes: dict[str, int], kv_transport: str) -> None:

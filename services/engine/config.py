@@ -23,6 +23,12 @@ class EngineConfig(BatonSettings):
         description="Weight and KV dtype; auto is the checkpoint's dtype on GPU and float32 on CPU")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the model runs")
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV-cache block")
+    kv_cache_layout: Literal["NHD", "HND"] = Field(
+        "NHD",
+        description="Order within a KV block: NHD token-major, HND head-major (each KV head's "
+                    "tokens contiguous, so a hand-off between pools of different "
+                    "tensor-parallel sizes moves one piece per layer, block and head run instead "
+                    "of one per token; use HND on both pools)")
     kv_cache_memory_gib: float | None = Field(
         None, gt=0,
         description="KV-cache budget in GiB (default: on GPU what gpu_memory_utilization leaves "

@@ -98,7 +98,8 @@ class ModelRunner:
                                                          max_model_len, kv_blocks_wanted, kv_heads,
                                                          companion))
         self.attention.kv_cache = kv_cache.allocate(config, self.num_blocks, engine.block_size,
-                                                    dtype, device, kv_heads)
+                                                    dtype, device, kv_heads,
+                                                    engine.kv_cache_layout)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype,
                                                 kv_heads) // config.num_hidden_layers
         # Bytes of weights each rank holds, rank order (what item 3 of issue 26 bounds).

@@ -177,6 +177,11 @@ class GatewayConfig(BatonSettings):
         description="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
                     "VLLM_ALLOW_RUNTIME_LORA_UPDATING) to admin keys (`admin: true` in the API "
                     "keys file); off, they answer 404")
+    lora_reconcile_interval_s: float = Field(
+        30.0, gt=0,
+        description="How often the record of runtime LoRA adapters (in the state store) is read "
+                    "and what the router lacks of it re-asserted; a router that restarts is also "
+                    "caught up within --router-check-interval-s of its first stats")
     slos: str = Field(
         "0=2000/100", description="Latency targets per priority, 'PRIORITY=TTFT_MS/TPOT_MS,...'; a "
                                   "priority without one uses the nearest lower priority's")

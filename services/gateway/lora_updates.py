@@ -10,6 +10,12 @@ as done. Once the workers have it, the router records it as the fleet's desired 
 unload tells the router first, so it loads it nowhere again. An unload succeeds when any worker
 served the adapter; it is a 404 when none did.
 
+Each load and unload is recorded (services/gateway/lora_record.py: the state store, or without
+one this gateway's memory), and the gateways re-assert the record to a router that has forgotten
+it (services/gateway/lora_reconcile.py). The record is written once the workers took a load and
+before the router is told; an unload deletes it first. A store that does not answer refuses the
+update with a 503 before anything changed, or undoes what it did (a load's workers unload again).
+
 The base model's list of adapters (what `model` may name, /v1/models) changes at once; the router's
 view follows with the workers' next stats. Until it agrees, the change is kept over what the router
 reports (at most PENDING_MAX_S), so a stale report neither revives an unloaded adapter nor hides a
@@ -25,7 +31,9 @@ from typing import TypeVar
 import grpc
 
 from baton.services.common.worker_stubs import WorkerStubs
+from baton.services.gateway.lora_record import LoRARecord
 from baton.services.gateway.served_model import ServedModel
+from baton.services.state.urls import StoreUnavailable
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -62,15 +70,22 @@ def _failure(error: grpc.aio.AioRpcError, peer: str) -> UpdateFailed:
                         "service_unavailable", f"{peer}: {error.code().name}: {details}")
 
 
+def _store_failure(error: StoreUnavailable) -> UpdateFailed:
+    return UpdateFailed(503, f"{error}; nothing was changed, try again",
+                        "state_store_unavailable", f"state store: {error.__cause__ or error}")
+
+
 class LoRAUpdates:
-    def __init__(self, channel: grpc.aio.Channel, stubs: WorkerStubs) -> None:
+    def __init__(self, channel: grpc.aio.Channel, stubs: WorkerStubs,
+                 record: LoRARecord) -> None:
         self.router = router_pb2_grpc.RouterStub(channel)
-        self.stubs = stubs
+        self.stubs, self.record = stubs, record
         self._lock = asyncio.Lock()  # one update at a time: a load and an unload never interleave
 
     async def load(self, request_id: str, model: ServedModel, name: str, path: str) -> None:
         """Raises UpdateFailed."""
         async with self._lock:
+            await self._recorded()  # a store that is down refuses it before any worker loads
             message = worker_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
             results = await self._each_worker(
                 model.name, lambda stub: stub.LoadLoRAAdapter(message, timeout=LOAD_TIMEOUT_S))
@@ -82,17 +97,31 @@ class LoRAUpdates:
                 raise _failure(errors[0], "worker")
             # every worker listed serves it now; the router brings later ones up to date
             try:
-                await self._tell_router(model.name, name, path, [w.worker_id for w, _ in results])
+                await self._record(self.record.add(model.name, name, path))
+                try:
+                    await self._tell_router(model.name, name, path,
+                                            [w.worker_id for w, _ in results])
+                except UpdateFailed:
+                    await self._undo(request_id, self.record.remove(model.name, name))
+                    raise
             except UpdateFailed:
                 await self._roll_back(request_id, name, [w.address for w in took])
                 raise
             _pending(model, name, present=True)
 
-    async def unload(self, model: ServedModel, name: str) -> int:
+    async def unload(self, request_id: str, model: ServedModel, name: str) -> int:
         """Returns the requests still finishing under the adapter. Raises UpdateFailed."""
         async with self._lock:
-            # first, so the router loads it onto no worker again
-            await self._tell_router(model.name, name, "", [])
+            # the record first, so no gateway re-asserts it; then the router, so it loads it onto
+            # no worker again
+            path = (await self._recorded()).get((model.name, name))
+            await self._record(self.record.remove(model.name, name))
+            try:
+                await self._tell_router(model.name, name, "", [])
+            except UpdateFailed:
+                if path is not None:
+                    await self._undo(request_id, self.record.add(model.name, name, path))
+                raise
             message = worker_pb2.UnloadLoRAAdapterRequest(lora_name=name)
             results = await self._each_worker(
                 model.name, lambda stub: stub.UnloadLoRAAdapter(message, timeout=UNLOAD_TIMEOUT_S))
@@ -104,6 +133,25 @@ class LoRAUpdates:
             if errors or not done:
                 raise _failure((errors or [r for _, r in results])[0], "worker")
             return sum(r.finishing_requests for r in done)
+
+    async def _recorded(self) -> dict[tuple[str, str], str]:
+        return await self._record(self.record.all())
+
+    @staticmethod
+    async def _record(operation: Awaitable[T]) -> T:
+        try:
+            return await operation
+        except StoreUnavailable as e:
+            raise _store_failure(e) from None
+
+    @staticmethod
+    async def _undo(request_id: str, operation: Awaitable[None]) -> None:
+        """Puts the record back after the router refused; a store down by now is logged."""
+        try:
+            await operation
+        except StoreUnavailable as e:
+            log.warning("request %s: the LoRA adapters' record could not be put back: %s",
+                        request_id, e)
 
     async def _tell_router(self, model: str, name: str, path: str,
                            worker_ids: list[str]) -> None:

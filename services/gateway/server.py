@@ -102,14 +102,16 @@ def _uvicorn_config(gateway: Gateway) -> uvicorn.Config:
 
 
 def _background(gateway: Gateway, limits: WorkerLimits) -> list[asyncio.Task]:
-    """The router health check, the workers' limits and, with auth on, the API-keys reload (on
-    SIGHUP too)."""
+    """The router health check, the workers' limits, the runtime LoRA adapters' re-assertion and,
+    with auth on, the API-keys reload (on SIGHUP too)."""
     tasks: list[asyncio.Task] = [asyncio.ensure_future(limits.watch())]
     if gateway.meter is not None:
         tasks.append(asyncio.ensure_future(
             gateway.meter.watch(gateway.config.usage_update_interval_s)))
     if gateway.router_health is not None:
         tasks.append(asyncio.ensure_future(gateway.router_health.watch()))
+    if gateway.lora_reconciler is not None:
+        tasks.append(asyncio.ensure_future(gateway.lora_reconciler.watch()))
     config, reloader = gateway.config, None
     if gateway.keys is not None and config.api_keys_file is not None:
         reloader = KeyReloader(gateway.keys, Path(config.api_keys_file),

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from baton.services.gateway.config import GatewayConfig
+from baton.services.gateway.lora_reconcile import LoRAReconciler
+from baton.services.gateway.lora_record import LoRARecord
 from baton.services.gateway.metrics import GatewayMetrics
 from baton.services.gateway.orchestrator import Orchestrator
 from baton.services.gateway.rate_limits.limiter import RateLimiter
@@ -36,12 +38,20 @@ class Gateway:
     store: StateStore | None = None
     meter: UsageMeter | None = None
     response_ttl_s: float | None = None  # how long stored responses are kept (None: ever)
+    # re-asserts the runtime LoRA adapters to the router (with --allow-runtime-lora-updating)
+    lora_reconciler: LoRAReconciler | None = None
     # renders chat templates and tokenizes, so a long prompt does not stall the event loop
     tokenize_pool: ThreadPoolExecutor = field(init=False)
+    # the runtime LoRA adapters loaded (services/gateway/lora_record.py): in the store, if any
+    lora_record: LoRARecord = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokenize_pool = ThreadPoolExecutor(self.config.tokenizer_threads,
                                                 thread_name_prefix="tokenize")
+        self.lora_record = LoRARecord(self.store, self.metrics.state_store_failures)
+        if self.config.allow_runtime_lora_updating:
+            self.lora_reconciler = LoRAReconciler(self.lora_record, self.orchestrator.channel,
+                                                  self.config.lora_reconcile_interval_s)
 
     @property
     def default_model(self) -> ServedModel:

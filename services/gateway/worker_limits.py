@@ -50,6 +50,8 @@ class WorkerLimits:
         served = stats.served_models or (ModelStats(stats.model, stats.max_model_len,
                                                      stats.lora_adapters),)
         self._rename_default(served[0].name)
+        if self.gateway.lora_reconciler is not None:
+            self.gateway.lora_reconciler.router_reports(stats.served_models)
         for entry in served:
             model = self.gateway.models.get(entry.name)
             if model is None:

@@ -466,7 +466,8 @@ class Router:
             now = self._clock()
             live = [w for w in self._workers.values() if w.is_alive(now)]
             pools = self._pools(live, now)
-            served = served_model_stats(self.config.served_models(), live)
+            served = tuple(replace(m, runtime_loras=self.runtime_loras.wanted(m.name))
+                           for m in served_model_stats(self.config.served_models(), live))
             return RouterStats(pools, len(self.admission.queue), len(self._leases),
                                self.config.model, served[0].max_model_len,
                                served[0].lora_adapters, served)

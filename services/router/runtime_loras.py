@@ -7,7 +7,10 @@ is placed there, so a request never lands on a worker that would answer 404.
 Whether a worker has an adapter: its last report says so, unless this router confirmed the adapter
 there (the gateway's fan-out, or the feed's own load) after that report was taken; a report taken
 later rules again, so a worker that restarts without it is seen to lack it at its next report.
-Adapters given at start (--lora-modules) are the workers' own and are not tracked here."""
+Adapters given at start (--lora-modules) are the workers' own and are not tracked here.
+
+The set lives in memory: a restarted router starts empty, and the gateways, which record every
+runtime load, re-assert it (services/gateway/lora_reconcile.py) once GetStats shows it lacking."""
 from __future__ import annotations
 
 import threading
@@ -43,8 +46,9 @@ class RuntimeLoRAs:
     def set(self, model: str | None, name: str, path: str | None,
             worker_ids: Iterable[str] = ()) -> None:
         """A runtime load (path) or unload (None) of a base model's adapter; `worker_ids`: the
-        workers that serve it already. KeyError for a model the router does not route, ValueError
-        without a name."""
+        workers that serve it already. Idempotent: gateways repeat it whenever the router may
+        have forgotten it. KeyError for a model the router does not route, ValueError without a
+        name."""
         model = model or self._config.model
         if model not in self._config.served_models():
             raise KeyError(f"model {model!r} is not served here")
@@ -60,6 +64,12 @@ class RuntimeLoRAs:
                 if worker_id in self._workers:
                     confirm(self._workers[worker_id], name, self._clock())
             self._on_change()
+
+    def wanted(self, model: str) -> tuple[tuple[str, str], ...]:
+        """The model's runtime adapters as (name, folder) pairs, by name (GetStats: a gateway
+        re-asserts what a restarted router lacks)."""
+        with self._lock:
+            return tuple(sorted(self._wanted.get(model, {}).items()))
 
     def to_load(self, worker_id: str) -> list[LoRALoad]:
         """The runtime adapters the worker lacks (none before its first report), less those whose

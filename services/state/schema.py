@@ -48,3 +48,14 @@ usage = Table(
     Index("ix_usage_tenant_started", "tenant", "started_at"),
     Index("ix_usage_status_updated", "status", "updated_at"),
 )
+
+# The LoRA adapters loaded at runtime (/v1/load_lora_adapter), one row per base model and adapter:
+# the fleet's desired state, which every gateway re-asserts to a router that has forgotten it. An
+# unload deletes the row before anything else.
+runtime_loras = Table(
+    "runtime_lora_adapters", metadata,
+    Column("model", String(255), primary_key=True),
+    Column("name", String(255), primary_key=True),
+    Column("path", Text, nullable=False),
+    Column("loaded_at", Float, nullable=False),
+)

@@ -22,7 +22,8 @@ def _name(block_hash: int) -> str:
 
 
 def test_follower_share_follows_rank0(tmp_path: Path) -> None:
-    cache = torch.randn(2, 6, 2, 4, 3, generator=torch.Generator().manual_seed(0))
+    # [layers, blocks, K/V, block_size, kv_heads, head_dim]
+    cache = torch.randn(2, 6, 2, 4, 2, 3, generator=torch.Generator().manual_seed(0))
     view = byte_view(cache)
     replies: queue.SimpleQueue = queue.SimpleQueue()
     follower = TierFollower(cache, 1, 2, lambda *answer: replies.put(answer))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from baton.services.common.block_hash import block_hashes
-from baton.services.engine.kv.tiers.disk import HEADER, DiskTier, decode, encode
+from baton.services.engine.kv.tiers.disk import HEADER, MAGICS, DiskTier, decode, encode
 from baton.services.engine.kv.tiers.stats import TierStats
 from tests.engine.tiers_helpers import (BLOCK_SIZE, DEVICE_BLOCKS, GREEDY, all_hashes,
                                         conversations, engine, gib_for)
@@ -58,6 +58,10 @@ def test_file_format_round_trip_and_refusals() -> None:
     flipped = bytearray(good)
     flipped[-1] ^= 1
     assert decode(7, bytes(flipped), len(payload)) is None
+    # A block written by a head-major cache is no block for a token-major one, and back.
+    head_major = encode(7, payload, MAGICS["HND"])
+    assert decode(7, head_major, len(payload)) is None
+    assert decode(7, head_major, len(payload), MAGICS["HND"]) == payload
 
 
 def test_corrupted_block_files_change_no_output(reference, tmp_path: Path,

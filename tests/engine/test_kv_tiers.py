@@ -63,10 +63,13 @@ def test_swap_preemption_outputs_equal_recompute(reference) -> None:
         kept.close()
 
 
-def test_disk_tier_outputs_equal(reference, tmp_path) -> None:
-    """A host tier of 12 blocks pushes most blocks on to disk, and they load back from there."""
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_disk_tier_outputs_equal(reference, tmp_path, layout) -> None:
+    """A host tier of 12 blocks pushes most blocks on to disk, and they load back from there; a
+    head-major cache's blocks too, its outputs the token-major reference's."""
     outputs, computed, host_gib, _ = reference
-    e = engine(kv_offload_host_gib=host_gib * 12 / 400, kv_offload_disk_dir=str(tmp_path))
+    e = engine(kv_offload_host_gib=host_gib * 12 / 400, kv_offload_disk_dir=str(tmp_path),
+               kv_cache_layout=layout)
     try:
         got, cached = two_turns(e, PROMPTS)
         e.close()

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.kv.layout import order_of
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.metrics import EngineCollector
 from tests.engine.eagle_helpers import agreeing_head, bigram_target, make_head
@@ -98,12 +99,15 @@ def test_a_head_that_agrees_in_part_rolls_back(agreeing, prompts, method):
     assert stats.accepted_per_pos[-1] > 0 and 0.1 < stats.acceptance_rate < 0.9
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_a_head_that_agrees_has_its_drafts_accepted(agreeing, prompts, method):
+# The head's cache is head-major too with --kv-cache-layout HND.
+@pytest.mark.parametrize("method, layout", [("eagle", "NHD"), ("eagle3", "NHD"), ("eagle", "HND")])
+def test_a_head_that_agrees_has_its_drafts_accepted(agreeing, prompts, method, layout):
     target, head, _ = agreeing[method]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     plain, _ = run(target, prompts, params)
-    got, engine = run(target, prompts, params, eagle_config(method, head))
+    got, engine = run(target, prompts, params, eagle_config(method, head),
+                      kv_cache_layout=layout)
+    assert order_of(engine.speculator.proposer.runner.kv_cache) == layout
     assert [o.token_ids for o in got] == [o.token_ids for o in plain]
     stats = engine.speculator.stats
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0

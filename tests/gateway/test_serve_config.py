@@ -88,6 +88,22 @@ def test_settings_reach_the_processes_that_read_them() -> None:
                                                   ["127.0.0.1:2"])
 
 
+HND = ["--kv-cache-layout=HND"]
+
+
+@pytest.mark.parametrize("extra,layout", [
+    ((), []),  # equal sizes: whole blocks either way
+    (("--prefill-worker-arg=-tp=2",), HND),
+    (("--decode-worker-arg=--tensor-parallel-size=2",), HND),
+    (("--prefill-worker-arg=-tp=2", "--kv-cache-layout", "NHD"), ["--kv-cache-layout=NHD"]),
+    (("--prefill-worker-arg=-tp=2", "--worker-arg=--kv-cache-layout=NHD"),
+     ["--kv-cache-layout=NHD"]),
+])
+def test_pools_of_different_tp_sizes_get_head_major_blocks(extra: tuple, layout: list) -> None:
+    for worker in serve.plan_workers(settings(*extra), "/m/dir", "name"):
+        assert [a for a in worker.args if a.startswith("--kv-cache-layout")] == layout
+
+
 def test_keys_turn_auth_on() -> None:
     assert settings().auth is False
     assert settings("--api-keys-file", "keys.yaml").auth is True

@@ -2,8 +2,9 @@
 at TP=2 handing its KV to a decode worker at TP=1, and TP=1 to TP=2, answer through the official
 client exactly what the engine at TP=1 answers. The embedded model has 2 KV heads, so at TP=2
 they split: each decode rank reads its head from the prefill rank that holds it (or both halves
-from one rank). The decode worker fails a request whose KV read fails (no quiet recompute), and
-its metrics show the KV bytes moved."""
+from one rank), with both pools' caches head-major (HND), or one of each order. The decode worker
+fails a request whose KV read fails (no quiet recompute), and its metrics show the KV bytes
+moved."""
 from __future__ import annotations
 
 import asyncio
@@ -49,10 +50,17 @@ async def _answers(url: str) -> dict[str, str]:
     return dict(zip(PROMPTS, await asyncio.gather(*(one(p) for p in PROMPTS))))
 
 
-@pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2)])
-def test_disaggregated_across_tp_sizes_answers_as_tp1(expected, prefill_tp, decode_tp):
+# A rank of one KV head is both orders (engine/kv/layout.py:order_of). Token-major caches on both
+# sides read a piece per token: tests/worker/test_head_ranges.py.
+@pytest.mark.parametrize("prefill_tp,decode_tp,layouts", [
+    (2, 1, ("HND", "HND")),  # the decode rank reads one piece per (layer, block, K/V) and rank
+    (1, 2, ("NHD", "HND")),  # across orders: a piece per (token, head), still exact
+])
+def test_disaggregated_across_tp_sizes_answers_as_tp1(expected, prefill_tp, decode_tp, layouts):
     serve = ServeCommand("--mode", "disaggregated", "--dtype", "float32",
                          "--gateway-arg=--slos=", "--worker-arg=--num-kv-blocks=256",
+                         f"--prefill-worker-arg=--kv-cache-layout={layouts[0]}",
+                         f"--decode-worker-arg=--kv-cache-layout={layouts[1]}",
                          "--router-arg=--max-local-prefill-tokens=0",  # every prompt hands off
                          f"--prefill-worker-arg=-tp={prefill_tp}",
                          f"--decode-worker-arg=-tp={decode_tp}",

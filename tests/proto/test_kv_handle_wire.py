@@ -9,7 +9,7 @@ from baton.services.worker.kv_transfer.base import (KVHandle, KVRankPeer, kv_han
 from baton.v1 import worker_pb2 as pb
 
 LAYOUT = KVLayout(num_layers=3, num_blocks=1000, block_size=16, block_nbytes=1 << 17,
-                  base_address=(1 << 40) + 4096, dtype="bfloat16")
+                  base_address=(1 << 40) + 4096, dtype="bfloat16", order="HND")
 
 
 def _names(message: type) -> set[str]:
@@ -24,6 +24,13 @@ def test_dataclasses_and_messages_declare_the_same_fields() -> None:
 
 def test_layout_round_trip_is_identity() -> None:
     assert layout_from_proto(layout_to_proto(LAYOUT)) == LAYOUT
+
+
+def test_layout_without_an_order_is_token_major() -> None:
+    """A worker from before the order field sends none: its cache is NHD."""
+    message = layout_to_proto(LAYOUT)
+    message.ClearField("order")
+    assert layout_from_proto(message).order == "NHD"
 
 
 def _fully_populated() -> KVHandle:

@@ -88,7 +88,8 @@ def test_a_placement_names_its_mode_and_reasons() -> None:
 def test_router_stats_survive_the_trip_with_every_pool() -> None:
     pool = PoolStats(workers=3, queued_prefill_tokens=100, inflight_requests=7,
                      mean_kv_utilization=0.5, saturated=1)
-    served = (ModelStats("m", 4096, ("coder", "support-bot"), 2), ModelStats("other", 512, (), 1))
+    served = (ModelStats("m", 4096, ("coder", "support-bot"), 2, (("coder", "/adapters/c"),)),
+              ModelStats("other", 512, (), 1))
     stats = RouterStats({Role.DECODE: pool}, queued_requests=2, leases=9, model="m",
                         max_model_len=4096, lora_adapters=("coder", "support-bot"),
                         served_models=served)

@@ -114,3 +114,18 @@ def test_adapters_given_at_start_are_not_filtered_and_bad_updates_are_refused() 
     # a load of another folder than the wanted one does not confirm it
     router.runtime_loras.loaded("w2", LoRALoad("x", "/elsewhere"), ok=True)
     assert router.runtime_loras.to_load("w2") == [LOAD]
+
+
+def test_a_reassertion_is_idempotent_and_the_stats_list_the_desired_set() -> None:
+    """A gateway sends its record again whenever the router may have forgotten it: the same load
+    twice (without the workers that confirmed it) changes nothing, nor does an unload twice."""
+    clock = Clock()
+    router = _router(clock, {"w1": ["x"], "w2": []})
+    router.runtime_loras.set("m", "x", LOAD.path, ["w1"])
+    before = (router.runtime_loras.to_load("w1"), router.runtime_loras.to_load("w2"))
+    router.runtime_loras.set("m", "x", LOAD.path)
+    assert (router.runtime_loras.to_load("w1"), router.runtime_loras.to_load("w2")) == before
+    assert router.stats().served_models[0].runtime_loras == (("x", LOAD.path),)
+    for _ in range(2):
+        router.runtime_loras.set("m", "x", None)
+        assert router.stats().served_models[0].runtime_loras == ()

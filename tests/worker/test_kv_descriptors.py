@@ -1,9 +1,11 @@
-"""Coalescing of block runs into ranges, the device block copy (on CPU tensors), and how NIXL is
-found and UCX set up for GPU memory; no second process needed."""
+"""Coalescing of block runs into ranges, the device block copy (on CPU tensors, token- and
+head-major), whole-block reads refused across orders, and how NIXL is found and UCX set up for GPU
+memory; no second process needed."""
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +14,8 @@ import pytest
 import torch
 
 from baton.services.engine.kv.block_copy import copy_blocks
-from baton.services.engine.kv.layout import KVLayout, block_runs
+from baton.services.engine.kv.layout import KVLayout, block_runs, byte_view, order_of, storage
+from baton.services.worker.kv_transfer.base import KVPeer, KVTransferError, check_read
 from baton.services.worker.kv_transfer import nixl_loader
 from baton.services.worker.kv_transfer.descriptors import coalesced_tables, run_table
 from baton.services.worker.kv_transfer.nixl_transport import descriptor_table
@@ -89,6 +92,24 @@ def test_copy_blocks_moves_every_layer_of_each_block(src_blocks: list[int], dst_
         assert torch.equal(dst[:, d], src[:, s])
     untouched = [b for b in range(10) if b not in dst_blocks]
     assert not dst[:, untouched].any()
+
+
+def test_hnd_byte_view_is_its_storage_and_copies_blocks_whole() -> None:
+    """An HND cache's (layer, block) bytes are its head-major storage; whole-block copies between
+    two HND caches move the same logical values."""
+    src = torch.randn(3, 12, 2, 2, 4, 8).transpose(3, 4)  # [layers, blocks, K/V, tokens, heads, D]
+    dst = torch.zeros(3, 10, 2, 2, 4, 8).transpose(3, 4)
+    assert order_of(src) == "HND" and KVLayout.of(src).block_nbytes == 2 * 4 * 2 * 8 * 4
+    assert torch.equal(byte_view(src)[1, 2].view(torch.float32), storage(src)[1, 2].flatten())
+    copy_blocks(byte_view(dst), byte_view(src), [0, 7], [11, 3])
+    assert torch.equal(dst[:, [0, 7]], src[:, [11, 3]])
+
+
+def test_whole_block_reads_refuse_a_peer_of_the_other_order() -> None:
+    peer = KVPeer("prefill", "127.0.0.1", 1, replace(REMOTE, order="HND"))
+    with pytest.raises(KVTransferError, match="peer prefill's cache is HND but the local one is "
+                                              "NHD: whole-block copies need one --kv-cache-layout"):
+        check_read(LAYOUT, peer, [1], [2])
 
 
 def _fake_packages(monkeypatch: pytest.MonkeyPatch, present: dict[str,

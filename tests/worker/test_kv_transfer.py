@@ -263,8 +263,32 @@ def test_bench_kv_transfer_llama_8b_layout_on_cpu(tmp_path: Path) -> None:
     assert row["verified"] and row["bytes"] == 2 * 32 * doc["block_nbytes"]  # 32 layers
 
 
+def test_bench_kv_transfer_head_slices_in_both_orders(tmp_path: Path) -> None:
+    """Decode rank 0 of TP=2 reading its 2 of 4 KV heads from TP=1: verified in both orders, HND
+    in block_size (4) times fewer pieces."""
+    out = tmp_path / "tp.json"
+    assert main(["bench", "kv-transfer", "--sizes", "3", "--num-layers", "2", "--repeats", "1",
+                 "--block-size", "4", "--kv-heads", "4", "--head-dim", "16", "--tp", "1:2",
+                 "--kv-cache-layout", "NHD", "HND", "--output-json", str(out)]) == 0
+    rows = {r["order"]: r for r in json.loads(out.read_text())["results"]}
+    assert all(r["verified"] for r in rows.values())
+    assert rows["NHD"]["bytes"] == rows["HND"]["bytes"] == 2 * 3 * 2 * 4 * 2 * 16 * 2
+    assert rows["NHD"]["pieces"] == 2 * 3 * 2 * 4 and rows["HND"]["pieces"] == 2 * 3 * 2
+
+
+def test_bench_kv_transfer_counts_pieces_without_moving(capsys: pytest.CaptureFixture[str]) -> None:
+    """TP 4 -> 8 of a 70B at 8k tokens: 1.3 M pieces of 256 bytes per decode rank token-major,
+    16 times fewer head-major."""
+    assert main(["bench", "kv-transfer", "--layout", "llama-70b", "--tp", "4:8", "--count-only",
+                 "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill NHD -> decode NHD:    1,310,720 pieces,      256 bytes" in out
+    assert "prefill HND -> decode HND:       81,920 pieces,    4,096 bytes" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--transports", "cuda_ipc"], "cuda_ipc transport needs --device cuda"),
+    (["--tp", "2:4", "--transports", "grpc"], "reads head slices over nixl only"),
     pytest.param(["--device", "cuda"], "needs a CUDA device", marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="this machine has a GPU")),
 ])

@@ -207,16 +207,26 @@ class RouterStats(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., leases: _Optional[int] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[_Union[ServedModel, _Mapping]]] = ...) -> None: ...
 
 class ServedModel(_message.Message):
-    __slots__ = ("name", "max_model_len", "lora_adapters", "workers")
+    __slots__ = ("name", "max_model_len", "lora_adapters", "workers", "runtime_loras")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_LORAS_FIELD_NUMBER: _ClassVar[int]
     name: str
     max_model_len: int
     lora_adapters: _containers.RepeatedScalarFieldContainer[str]
     workers: int
-    def __init__(self, name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ...) -> None: ...
+    runtime_loras: _containers.RepeatedCompositeFieldContainer[RuntimeLoRA]
+    def __init__(self, name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., lora_adapters: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ..., runtime_loras: _Optional[_Iterable[_Union[RuntimeLoRA, _Mapping]]] = ...) -> None: ...
+
+class RuntimeLoRA(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

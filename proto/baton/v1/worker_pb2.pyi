@@ -153,20 +153,22 @@ class KVRankPeer(_message.Message):
     def __init__(self, agent_name: _Optional[str] = ..., agent_host: _Optional[str] = ..., agent_port: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_head_start: _Optional[int] = ..., kv_head_count: _Optional[int] = ...) -> None: ...
 
 class KVLayout(_message.Message):
-    __slots__ = ("num_layers", "num_blocks", "block_size", "block_nbytes", "base_address", "dtype")
+    __slots__ = ("num_layers", "num_blocks", "block_size", "block_nbytes", "base_address", "dtype", "order")
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_NBYTES_FIELD_NUMBER: _ClassVar[int]
     BASE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     num_layers: int
     num_blocks: int
     block_size: int
     block_nbytes: int
     base_address: int
     dtype: str
-    def __init__(self, num_layers: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., block_nbytes: _Optional[int] = ..., base_address: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    order: str
+    def __init__(self, num_layers: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., block_nbytes: _Optional[int] = ..., base_address: _Optional[int] = ..., dtype: _Optional[str] = ..., order: _Optional[str] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "rank", "top")

@@ -82,6 +82,8 @@ class ModelStats:
     max_model_len: int = 0  # the smallest limit its live workers report; 0: none yet
     lora_adapters: tuple[str, ...] = ()  # served by its workers (their parent is this model)
     workers: int = 0
+    # the router's desired state of adapters loaded at runtime: (name, folder) pairs
+    runtime_loras: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

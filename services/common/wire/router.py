@@ -107,8 +107,13 @@ def router_stats_to_proto(stats: RouterStats) -> rpb.RouterStats:
                            served_models=[rpb.ServedModel(name=m.name,
                                                           max_model_len=m.max_model_len,
                                                           lora_adapters=list(m.lora_adapters),
-                                                          workers=m.workers)
+                                                          workers=m.workers,
+                                                          runtime_loras=_runtime_loras(m))
                                           for m in stats.served_models])
+
+
+def _runtime_loras(model: ModelStats) -> list[rpb.RuntimeLoRA]:
+    return [rpb.RuntimeLoRA(name=name, path=path) for name, path in model.runtime_loras]
 
 
 def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
@@ -116,7 +121,8 @@ def router_stats_from_proto(stats: rpb.RouterStats) -> RouterStats:
     pools = {role: PoolStats(p.workers, p.queued_prefill_tokens, p.inflight_requests,
                              p.mean_kv_utilization, p.saturated_workers)
              for p in stats.pools if (role := _role(p.role)) is not None}
-    served = tuple(ModelStats(m.name, m.max_model_len, tuple(m.lora_adapters), m.workers)
+    served = tuple(ModelStats(m.name, m.max_model_len, tuple(m.lora_adapters), m.workers,
+                              tuple((r.name, r.path) for r in m.runtime_loras))
                    for m in stats.served_models)
     return RouterStats(pools, stats.queued_requests, stats.leases, stats.model,
                        stats.max_model_len, tuple(stats.lora_adapters), served)

@@ -1,7 +1,8 @@
 """Sizing and allocation of the paged KV cache.
 
-Layout [layers, blocks, 2, block_size, kv_heads, head_dim] (layout.py): each (layer, block) pair, K
-and V together, is one contiguous range of memory, which is what a KV hand-off registers and moves.
+Layout [layers, blocks, 2, block_size, kv_heads, head_dim] (layout.py), token- or head-major within
+a block: either way each (layer, block) pair, K and V together, is one contiguous range of memory,
+which is what a KV hand-off registers and moves.
 
 Without an explicit size the cache takes what memory allows: on a GPU, gpu_memory_utilization of the
 card less everything already in use (weights, other processes) and a bound on one step's
@@ -20,6 +21,7 @@ from transformers import PretrainedConfig
 
 from baton.services.common.model_config import head_dim
 from baton.services.engine.config import EngineConfig
+from baton.services.engine.kv.layout import Order
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,13 @@ def _gib(n: int) -> str:
 
 
 def allocate(config: PretrainedConfig, blocks: int, block_size: int, dtype: torch.dtype,
-             device: torch.device, kv_heads: int | None = None) -> torch.Tensor:
+             device: torch.device, kv_heads: int | None = None,
+             order: Order = "NHD") -> torch.Tensor:
+    """The cache, of logical shape [layers, blocks, 2, block_size, kv_heads, head_dim] in either
+    order (layout.py): HND's is a strided view of head-major storage."""
     kv_heads = config.num_key_value_heads if kv_heads is None else kv_heads
-    shape = (config.num_hidden_layers, blocks, 2, block_size, kv_heads, head_dim(config))
-    return torch.zeros(shape, dtype=dtype, device=device)
+    layers, dim = config.num_hidden_layers, head_dim(config)
+    if order == "HND":
+        shape = (layers, blocks, 2, kv_heads, block_size, dim)
+        return torch.zeros(shape, dtype=dtype, device=device).transpose(3, 4)
+    return torch.zeros((layers, blocks, 2, block_size, kv_heads, dim), dtype=dtype, device=device)

@@ -35,7 +35,7 @@ class AttentionMetadata:
 
 class Attention:
     """Shared by all layers; holds the whole cache, [layers, blocks, 2 (K, V), block_size, kv_heads,
-    head_dim]."""
+    head_dim], token- or head-major in memory (kv/layout.py)."""
 
     def __init__(self, scale: float, backend: str, block_size: int) -> None:
         # allocated by the model runner once the weights are in place
@@ -75,9 +75,7 @@ class Attention:
     def _torch(self, cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
         plan = meta.torch_plan
-        rows = cache.view(-1, *cache.shape[-2:])  # [blocks * 2 * block_size, H, D]
-        rows.index_copy_(0, plan.k_rows, k)
-        rows.index_copy_(0, plan.k_rows + self.block_size, v)
+        self._write_torch(cache, plan.k_rows, k, v)
         out = torch.empty_like(q)
         for span in meta.prefill_spans:
             sl = slice(span.query_start, span.query_start + span.query_len)
@@ -86,6 +84,18 @@ class Attention:
         for group in plan.decode_groups:
             out[p + group.rows] = self._decode_group(cache, q[p + group.rows], group)
         return out
+
+    def _write_torch(self, cache: torch.Tensor, k_rows: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor) -> None:
+        if cache.is_contiguous():
+            rows = cache.view(-1, *cache.shape[-2:])  # [blocks * 2 * block_size, H, D]
+            rows.index_copy_(0, k_rows, k)
+            rows.index_copy_(0, k_rows + self.block_size, v)
+            return
+        # A head-major (HND) cache is a strided view whose rows do not flatten: index it instead.
+        blocks, offsets = k_rows // (2 * self.block_size), k_rows % (2 * self.block_size)
+        cache[blocks, 0, offsets] = k
+        cache[blocks, 1, offsets] = v
 
     def _prefill_torch(self, cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        span: PrefillSpan) -> torch.Tensor:

@@ -103,7 +103,8 @@ class HeadRunner(ModelRunner):
         self.num_blocks = num_blocks
         config = head.config
         self.attention.kv_cache = kv_cache.allocate(config, num_blocks, engine.block_size, dtype,
-                                                    device, config.num_key_value_heads)
+                                                    device, config.num_key_value_heads,
+                                                    engine.kv_cache_layout)
         self.block_bytes = kv_cache.block_bytes(config, engine.block_size, dtype,
                                                 config.num_key_value_heads)
 

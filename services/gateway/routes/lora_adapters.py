@@ -81,9 +81,20 @@ def refusal(gateway: Gateway, request: Request) -> Response | None:
     return None
 
 
+def _log_refused(request_id: str, url: str, error: UpdateFailed) -> None:
+    """Once per request; a warning when the fleet or the store failed it, not the client."""
+    log.log(logging.WARNING if error.status >= 500 else logging.INFO,
+            "request %s: %s refused: %s", request_id, url, error.detail)
+
+
+def _updates(gateway: Gateway) -> LoRAUpdates:
+    orchestrator = gateway.orchestrator
+    return LoRAUpdates(orchestrator.channel, orchestrator.workers, gateway.lora_record)
+
+
 def routes(gateway: Gateway) -> APIRouter:
     router = APIRouter()
-    updates = LoRAUpdates(gateway.orchestrator.channel, gateway.orchestrator.workers)
+    updates = _updates(gateway)
 
     async def guarded(url: str, request: Request,
                       update: Callable[[str, Any], Awaitable[str]]) -> Response:
@@ -97,7 +108,7 @@ def routes(gateway: Gateway) -> APIRouter:
             try:
                 return PlainTextResponse(await update(request_id, body))
             except UpdateFailed as e:
-                log.info("request %s: %s refused: %s", request_id, url, e.detail)
+                _log_refused(request_id, url, e)
                 return error_response(e.status, e.message, e.code,
                                       param="lora_name" if e.status < 500 else None)
 
@@ -120,7 +131,7 @@ def routes(gateway: Gateway) -> APIRouter:
         # gateway has not heard of yet: another gateway may have just loaded it)
         model = next((m for m in gateway.models.values()
                       if options.lora_name in m.lora_adapters), gateway.default_model)
-        finishing = await updates.unload(model, options.lora_name)
+        finishing = await updates.unload(request_id, model, options.lora_name)
         log.info("request %s: LoRA adapter %s unloaded; %d requests finishing under it",
                  request_id, options.lora_name, finishing)
         text = f"Success: LoRA adapter '{options.lora_name}' removed successfully."

@@ -3,7 +3,9 @@ own cache.
 
 Both workers hold a paged cache of the same per-block shape (baton.services.engine.kv.layout), so
 each (layer, block) is one contiguous range that a transport moves; the two caches may differ in
-their number of blocks, never in the per-block shape.
+their number of blocks, never in the per-block shape. The in-block order (NHD or HND) must match
+for whole-block copies; the NIXL transport alone reads across orders, in smaller pieces
+(descriptors.head_slice_tables).
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ def layout_to_proto(layout: KVLayout) -> pb.KVLayout:
 
 
 def layout_from_proto(message: pb.KVLayout) -> KVLayout:
-    return KVLayout(**{f.name: getattr(message, f.name) for f in fields(KVLayout)})
+    values = {f.name: getattr(message, f.name) for f in fields(KVLayout)}
+    return KVLayout(**values | {"order": message.order or "NHD"})
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,11 @@ def check_read(local: KVLayout, peer: KVPeer, remote_blocks: list[int],
         raise KVTransferError(
             f"peer {peer.name}'s cache layout {remote} does not match the local one {local}",
             "invalid")
+    if remote.order != local.order:
+        raise KVTransferError(
+            f"peer {peer.name}'s cache is {remote.order} but the local one is {local.order}: "
+            "whole-block copies need one --kv-cache-layout on both pools (only the nixl "
+            "transport converts)", "invalid")
     if len(remote_blocks) != len(local_blocks):
         raise KVTransferError(
             f"{len(remote_blocks)} remote blocks but {len(local_blocks)} local blocks", "invalid")

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from baton.services.engine.kv.block_copy import copy_blocks
-from baton.services.engine.kv.layout import KVLayout, byte_view
+from baton.services.engine.kv.layout import KVLayout, byte_view, storage
 from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, NotificationInbox,
                                                     TransferResult, check_read)
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
@@ -42,7 +42,7 @@ _BYTES_FIELDS = ("handle", "ref_counter_handle", "event_handle")
 
 def export_handle(kv_cache: torch.Tensor) -> dict[str, Any]:
     """The cache's CUDA IPC handle as JSON-able fields (bytes as base64)."""
-    flat = kv_cache.view(torch.uint8).view(-1)
+    flat = storage(kv_cache).view(torch.uint8).view(-1)
     (device, handle, size_bytes, offset_bytes, ref_counter_handle, ref_counter_offset, event_handle,
      event_sync_required) = flat.untyped_storage()._share_cuda_()
     fields = dict(device=device, handle=handle, storage_size_bytes=size_bytes,

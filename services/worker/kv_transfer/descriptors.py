@@ -3,7 +3,8 @@ side.
 
 A run of blocks consecutive on both sides is one range per layer (the cache's layout and why:
 baton.services.engine.kv.layout); a fragmented cache falls back to a range per (layer, block). A
-read across tensor-parallel sizes moves a slice of each block's heads (head_slice_tables).
+read across tensor-parallel sizes, or between caches of different in-block orders, moves a slice
+of each block's heads (head_slice_tables), in pieces as large as both orders allow.
 """
 from __future__ import annotations
 
@@ -59,30 +60,56 @@ def head_bytes(layout: KVLayout, heads: int) -> int:
     return layout.block_nbytes // (2 * layout.block_size * heads)
 
 
-def _slice_addresses(layout: KVLayout, blocks: list[int], heads: int, first: int) -> np.ndarray:
-    """Start of head `first` in every (layer, block, K/V row) of `blocks`, layer-major."""
-    row_bytes = layout.block_nbytes // (2 * layout.block_size)
-    layers = np.arange(layout.num_layers, dtype=np.uint64)[:, None, None]
-    ids = np.asarray(blocks, dtype=np.uint64)[None, :, None]
-    rows = np.arange(2 * layout.block_size, dtype=np.uint64)[None, None, :]
-    starts = ((layers * np.uint64(layout.num_blocks) + ids) * np.uint64(layout.block_nbytes)
-              + rows * np.uint64(row_bytes))
-    return (np.uint64(layout.base_address) + starts
-            + np.uint64(first * head_bytes(layout, heads))).ravel()
+def slice_mode(local: KVLayout, remote: KVLayout) -> str:
+    """The pieces a head-slice read between two caches' orders moves (head_slice_tables)."""
+    if local.order == remote.order:
+        return "head_run" if local.order == "HND" else "token_row"
+    return "token_head"
+
+
+def _slice_addresses(layout: KVLayout, blocks: list[int], heads: int, first: int, count: int,
+                     mode: str) -> np.ndarray:
+    """Start of every piece of heads [first, first + count) in `blocks`, over (layer, block, K/V,
+    token, head) in that order: one token (axis of length 1) for head_run, one head for
+    token_row."""
+    u = np.uint64
+    one = head_bytes(layout, heads)
+    size, half = layout.block_size, layout.block_nbytes // 2
+    layers = np.arange(layout.num_layers, dtype=u)[:, None, None, None, None]
+    ids = np.asarray(blocks, dtype=u)[None, :, None, None, None]
+    kv = np.arange(2, dtype=u)[None, None, :, None, None]
+    tokens = np.arange(1 if mode == "head_run" else size, dtype=u)[None, None, None, :, None]
+    head_ids = first + np.arange(count if mode == "token_head" else 1, dtype=u)
+    head_ids = head_ids[None, None, None, None, :]
+    if layout.order == "HND":  # [2, heads, block_size, head_dim]
+        within = head_ids * u(size * one) + tokens * u(one)
+    else:  # [2, block_size, heads, head_dim]
+        within = tokens * u(heads * one) + head_ids * u(one)
+    starts = (layers * u(layout.num_blocks) + ids) * u(layout.block_nbytes) + kv * u(half) + within
+    return (u(layout.base_address) + starts).ravel()
+
+
+def piece_bytes(local: KVLayout, part: HeadSlice, mode: str) -> int:
+    """Bytes of one piece of a head-slice read moving `mode`'s pieces (slice_mode)."""
+    one = head_bytes(local, part.local_heads)
+    return {"head_run": part.count * local.block_size * one, "token_row": part.count * one,
+            "token_head": one}[mode]
 
 
 def head_slice_tables(local: KVLayout, remote: KVLayout, remote_blocks: list[int],
                       local_blocks: list[int], part: HeadSlice, local_device: int,
                       remote_device: int) -> tuple[np.ndarray, np.ndarray]:
-    """The local and remote range tables of a head-slice read: one range per (layer, block, token,
-    K/V), since a block's heads lie innermost but one ([block_size, heads, head_dim] for K, then
-    V), so a subset of heads is contiguous only within one token's row."""
-    length = np.uint64(part.count * head_bytes(local, part.local_heads))
+    """The local and remote range tables of a head-slice read. The pieces follow both orders:
+    between two HND caches a run of heads is contiguous within each (layer, block, K/V), so one
+    piece each; between two NHD caches only within one token's row, so block_size pieces; across
+    orders only one (token, head) of head_dim values is contiguous on both sides."""
+    mode = slice_mode(local, remote)
+    length = np.uint64(piece_bytes(local, part, mode))
     tables = []
     for layout, blocks, heads, first, device in (
             (local, local_blocks, part.local_heads, part.dst, local_device),
             (remote, remote_blocks, part.remote_heads, part.src, remote_device)):
-        addresses = _slice_addresses(layout, blocks, heads, first)
+        addresses = _slice_addresses(layout, blocks, heads, first, part.count, mode)
         table = np.empty((addresses.size, 3), dtype=np.uint64)
         table[:, 0], table[:, 1], table[:, 2] = addresses, length, device
         tables.append(table)
@@ -103,5 +130,5 @@ def check_head_read(local: KVLayout, peer: KVPeer, remote_blocks: list[int],
             f"match the local one {local} ({part.local_heads} KV heads)", "invalid")
     if part.src + part.count > part.remote_heads or part.dst + part.count > part.local_heads:
         raise KVTransferError(f"head slice {part} lies outside the caches' heads", "invalid")
-    check_read(replace(local, block_nbytes=remote.block_nbytes), peer, remote_blocks,
-               local_blocks)
+    check_read(replace(local, block_nbytes=remote.block_nbytes, order=remote.order), peer,
+               remote_blocks, local_blocks)

@@ -7,11 +7,12 @@ worker's KV handle lists every rank's agent and the KV heads its cache holds (KV
 worker's rank 0 asks each of its other ranks to read their share (a rank task, on a thread of the
 rank's own) and reads its own meanwhile: each decode rank reads the heads it holds from the prefill
 ranks that hold them (head_ranges.py), a whole block per (layer, block) when both ranks hold the
-same heads, else a slice of every token's row (descriptors.head_slice_tables). Only when every rank
-is done does rank 0 notify prefill rank 0, so the lease, the notification that frees the blocks and
-the quarantine of a timed-out read stay the one contract of engine/kv/handoff.py: a read fails as a
-whole, with the worst of its ranks' reasons (a timeout anywhere parks the blocks on every rank,
-since they are the same block ids).
+same heads in the same order, else a slice of each block (descriptors.head_slice_tables: one piece
+per (layer, block, K/V) between HND caches, one per token between NHD ones, one per token and head
+across orders). Only when every rank is done does rank 0 notify prefill rank 0, so the lease, the
+notification that frees the blocks and the quarantine of a timed-out read stay the one contract of
+engine/kv/handoff.py: a read fails as a whole, with the worst of its ranks' reasons (a timeout
+anywhere parks the blocks on every rank, since they are the same block ids).
 """
 from __future__ import annotations
 
@@ -143,7 +144,8 @@ class HeadShardedTransport(KVTransport):
 
     def read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
              notification: bytes, timeout_s: float) -> TransferResult:
-        if not peer.ranks and self._size == 1:
+        same_order = peer.layout.order == self._inner.local_peer().layout.order
+        if not peer.ranks and self._size == 1 and same_order:
             return self._inner.read(peer, remote_blocks, local_blocks, notification, timeout_s)
         return observe_read(
             self._metrics, self.name, notification.decode("utf-8", "replace"),

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from baton.services.engine.kv.layout import KVLayout
+from baton.services.engine.kv.layout import KVLayout, storage
 from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, TransferResult,
                                                     check_read)
 from baton.services.worker.kv_transfer.descriptors import (HeadSlice, check_head_read,
@@ -83,7 +83,7 @@ class NixlKVTransport(ObservedTransport):
         self._device_id = max(kv_cache.get_device(), 0)
         self._agent = new_agent(agent_name, port)
         self._agent_name = agent_name
-        self._registered = self._agent.register_memory(kv_cache)
+        self._registered = self._agent.register_memory(storage(kv_cache))
         self._local_dlist = self._agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT", descriptor_table(self._layout, self._device_id), self._mem_type)
         self._remotes: dict[str, _Remote] = {}
@@ -109,7 +109,8 @@ class NixlKVTransport(ObservedTransport):
         layer of the blocks, without a notification (head_transport.py sends one when every rank
         is done); unobserved, the caller counts the whole read. Raises KVTransferError."""
         check_head_read(self._layout, peer, remote_blocks, local_blocks, part)
-        whole = part.count == part.remote_heads == part.local_heads
+        whole = (part.count == part.remote_heads == part.local_heads
+                 and peer.layout.order == self._layout.order)
         return self._read_retried(peer, remote_blocks, local_blocks, b"", timeout_s,
                                   None if whole else part)
 

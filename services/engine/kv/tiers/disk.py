@@ -24,6 +24,9 @@ from baton.services.engine.kv.tiers.stats import TierStats
 log = logging.getLogger(__name__)
 
 MAGIC = b"BATONKV1"
+# A block's bytes in the head-major cache order (kv/layout.py): another magic, so a directory
+# written under one EngineConfig.kv_cache_layout serves no block to the other (a header miss).
+MAGICS = {"NHD": MAGIC, "HND": b"BATONKH1"}
 HEADER = struct.Struct("<8sQQ32s")  # magic, block hash, payload length, checksum
 SUFFIX = ".kv"
 
@@ -32,17 +35,18 @@ def _checksum(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=32).digest()
 
 
-def encode(block_hash: int, payload: bytes) -> bytes:
-    return HEADER.pack(MAGIC, block_hash, len(payload), _checksum(payload)) + payload
+def encode(block_hash: int, payload: bytes, magic: bytes = MAGIC) -> bytes:
+    return HEADER.pack(magic, block_hash, len(payload), _checksum(payload)) + payload
 
 
-def decode(block_hash: int, data: bytes, block_bytes: int) -> bytes | None:
+def decode(block_hash: int, data: bytes, block_bytes: int,
+           expected_magic: bytes = MAGIC) -> bytes | None:
     """The payload, or None when the file is not a whole, intact block of this hash."""
     if len(data) != HEADER.size + block_bytes:
         return None
     magic, stored_hash, length, checksum = HEADER.unpack_from(data)
     payload = data[HEADER.size:]
-    if magic != MAGIC or stored_hash != block_hash or length != block_bytes:
+    if magic != expected_magic or stored_hash != block_hash or length != block_bytes:
         return None
     return payload if _checksum(payload) == checksum else None
 
@@ -51,10 +55,12 @@ class DiskTier:
 
     def __init__(self, directory: str | Path, capacity_bytes: int, block_bytes: int,
                  stats: TierStats,
-                 record: Callable[[str, int, str], None] = lambda *_: None) -> None:
+                 record: Callable[[str, int, str], None] = lambda *_: None,
+                 order: str = "NHD") -> None:
         """record(kind, block hash, "disk"): told of each block that enters or leaves the tier
-        after its start (the files found then are in its index)."""
+        after its start (the files found then are in its index). order: the cache's (MAGICS)."""
         self.dir = Path(directory)
+        self.magic = MAGICS[order]
         self.record = record
         self.dir.mkdir(parents=True, exist_ok=True)
         self.block_bytes = block_bytes
@@ -129,7 +135,7 @@ class DiskTier:
         tmp = path.with_name(path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(encode(block_hash, payload))
+                f.write(encode(block_hash, payload, self.magic))
             os.replace(tmp, path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -154,7 +160,7 @@ class DiskTier:
             del self.index[block_hash]
             self.record("removed", block_hash, "disk")
             return None
-        payload = decode(block_hash, data, self.block_bytes)
+        payload = decode(block_hash, data, self.block_bytes, self.magic)
         if payload is None:
             del self.index[block_hash]
             self.record("removed", block_hash, "disk")

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
+from baton.services.engine.kv.layout import byte_view, order_of
 from baton.services.engine.kv.tiers.disk import DiskTier
 from baton.services.engine.kv.tiers.slots import copy_payload
 from baton.services.engine.kv.tiers.stats import TierStats
@@ -120,13 +121,13 @@ Reply = Callable[[int, Any, str | None], None]
 class DiskShare(threading.Thread):
     """A rank other than 0: its share of the disk tier, as rank 0's messages say, in their order."""
 
-    def __init__(self, view: torch.Tensor, start: TierDiskStart, rank: int, size: int,
+    def __init__(self, kv_cache: torch.Tensor, start: TierDiskStart, rank: int, size: int,
                  reply: Reply) -> None:
         super().__init__(name="kv-tier-disk", daemon=True)
-        self.view = view  # [layers, blocks, block_nbytes]
+        view = self.view = byte_view(kv_cache)  # [layers, blocks, block_nbytes]
         layers, _, nbytes = view.shape
         self.disk = DiskTier(share_dir(start.directory, rank, size), start.capacity_bytes,
-                             layers * nbytes, TierStats())
+                             layers * nbytes, TierStats(), order=order_of(kv_cache))
         keep = set(start.keep)
         for block_hash in [h for h in self.disk.index if h not in keep]:
             self.disk.discard(block_hash)

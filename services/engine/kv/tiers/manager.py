@@ -13,12 +13,12 @@ import threading
 import torch
 
 from baton.services.engine.kv.block_manager import Medium, MediumEvent
-from baton.services.engine.kv.layout import byte_view
+from baton.services.engine.kv.layout import byte_view, order_of
 from baton.services.engine.kv.tiers.copier import CopyWorker
 from baton.services.engine.kv.tiers.disk import DiskTier
+from baton.services.engine.kv.tiers.disk_replicas import DiskMirror, Replicas, share_dir
 from baton.services.engine.kv.tiers.host import HostTier
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store, TierHit
-from baton.services.engine.kv.tiers.disk_replicas import DiskMirror, Replicas, share_dir
 from baton.services.engine.kv.tiers.replicas import TierPool
 from baton.services.engine.kv.tiers.stats import TierStats
 
@@ -51,7 +51,7 @@ class TierManager:
         if disk_dir is not None:
             own = disk_dir if replicas is None else share_dir(disk_dir, 0, replicas.size)
             self.disk = DiskTier(own, int(disk_gib * GIB), block_bytes, self.stats["disk"],
-                                 self.record)
+                                 self.record, order_of(kv_cache))
             if replicas is not None:
                 self.disk_mirror = DiskMirror(replicas, disk_dir, int(disk_gib * GIB),
                                               list(self.disk.index))

@@ -55,6 +55,7 @@ class TierFollower:
 
     def __init__(self, kv_cache: torch.Tensor, rank: int, size: int, reply: Reply) -> None:
         """reply: answers rank 0's disk loads (disk_replicas.py)."""
+        self.kv_cache = kv_cache
         self.device_view = byte_view(kv_cache)  # [layers, blocks, block_nbytes]
         self.rank, self.size, self.reply = rank, size, reply
         self.pool: torch.Tensor | None = None
@@ -70,7 +71,7 @@ class TierFollower:
                                     pin_memory=view.is_cuda)
             return
         if isinstance(message, TierDiskStart):
-            self.disk = DiskShare(view, message, self.rank, self.size, self.reply)
+            self.disk = DiskShare(self.kv_cache, message, self.rank, self.size, self.reply)
             return
         if isinstance(message, (TierDiskOps, TierDiskLoad)):
             self.disk.put(message)
