@@ -13,7 +13,7 @@ OUT=/tmp/results
 SITE=/tmp/site
 MODEL=/tmp/8b
 BUDGET=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-"kernels decode kv tiers handoff throughput wave"}
+STEPS=${GPU_CHECK_STEPS:-"kernels decode kv tiers handoff throughput wave loragraphs"}
 START=$SECONDS
 mkdir -p "$OUT" "$FINAL_OUT"
 export PYTHONUNBUFFERED=1
@@ -110,9 +110,27 @@ wave() {
     --output-json $OUT/spec.json" > "$OUT/spec.txt" 2>&1; tail -5 "$OUT/spec.txt"
 }
 
+# step: LoRA inside the decode graphs: captured with adapters token-exact against eager, then the 8B shape's
+# decode step with adapters (1 adapter at batch 1, 1 and 32 at batch 32, 2k context), graphs on and off
+loragraphs() {
+  make_model
+  python3 -m pytest -q -p no:cacheprovider tests/engine/test_lora_graphs.py > "$OUT/lora_graphs_test.txt" 2>&1
+  tail -2 "$OUT/lora_graphs_test.txt"
+  local common=(--model "$MODEL" --device cuda --dtype bfloat16 --context 2048 --steps 10 --rounds 1)
+  for eager in "" --enforce-eager; do
+    for b in 1 32; do
+      local counts=1 name="lora_graphs_b$b${eager:+_eager}"
+      [ "$b" -gt 1 ] && counts=1,$b
+      timeout 100 bash -c "$(declare -f baton); baton bench lora ${common[*]} --batch $b \
+        --adapters $counts $eager --output-json $OUT/$name.json" > "$OUT/$name.txt" 2>&1
+      tail -4 "$OUT/$name.txt"
+    done
+  done
+}
+
 # the usual seconds each step takes on an H100 (measured or estimated from its parts)
 declare -A COST=([kernels]=120 [decode]=150 [kv]=150 [tiers]=40 [handoff]=120 [throughput]=150
-                 [wave]=360)
+                 [wave]=360 [loragraphs]=330)
 
 log "setup"; setup; pack
 for step in $STEPS; do

@@ -30,6 +30,19 @@ rules capture imposes, and how they are kept:
   paired.
 - Launching a graph that holds NCCL operations is itself collective: followers replay exactly the
   bucket rank 0 replays, and run eagerly exactly when it does.
+
+With LoRA on, each bucket is captured twice: on the base model alone, and with the adapters' delta
+(kernels/lora_bgmv.py), whose per-row slot it reads from one more persistent buffer (-1: the base,
+and every padding row). A step replays the LoRA variant when any row has an adapter. The adapters'
+stacks and scales are filled in place (lora/weights.py), so a slot loaded between steps is what the
+next replay reads. Why two variants rather than one graph with the delta always in it: the delta
+is two launches per adapted projection part (seven parts per Llama layer: 448 kernels on an 8B,
+beside its ~1000), which a graph replays even when every row is the base's and each exits at once;
+a server with LoRA on whose traffic is mostly the base model would pay them on every step. The
+second variant costs capture time (each bucket captured twice) and little memory: both share the
+one pool, so only each graph's output buffer is extra. vLLM also keeps a no-adapter capture apart
+from its LoRA ones. Under tensor parallelism each rank picks the variant from the slots in rank 0's
+step message, so all replay the same graph.
 """
 from __future__ import annotations
 
@@ -37,12 +50,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 from baton.services.engine.layers.attention import AttentionMetadata
 from baton.services.engine.parallel.state import get_tp_group
+
+if TYPE_CHECKING:
+    from baton.services.engine.lora.weights import LoRAState
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +70,7 @@ CAPTURE_TIME_LIMIT_S = 120.0
 WARMUP_RUNS = 2
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+Step = TypeVar("Step")
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
@@ -78,13 +95,17 @@ class DecodeBatch:
     slots: list[int]
     block_tables: list[list[int]]
     context_lens: list[int]
+    # Each row's LoRA slot (-1: the base model); None when no row has an adapter.
+    adapters: list[int] | None = None
 
 
 class DecodeInputs:
     """The persistent buffers the graphs read, and host staging buffers they are filled from in one
     copy each."""
 
-    def __init__(self, max_batch: int, max_blocks_per_seq: int, device: torch.device) -> None:
+    def __init__(self, max_batch: int, max_blocks_per_seq: int, device: torch.device,
+                 lora: bool = False) -> None:
+        """lora: also an adapter-index buffer, each row's LoRA slot (-1: none)."""
         pin = device.type == "cuda"
 
         def pair(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +119,10 @@ class DecodeInputs:
         self.host_lens, self.context_lens = pair((max_batch,), torch.int32)
         self.slot_mapping.fill_(-1)
         self.host_slots.fill_(-1)
+        self.host_adapters: torch.Tensor | None = None
+        self.adapters: torch.Tensor | None = None
+        if lora:
+            self.host_adapters, self.adapters = pair((max_batch,), torch.int64)
         self._empty_i32 = torch.zeros(0, dtype=torch.int32, device=device)
         self._start_loc = torch.zeros(1, dtype=torch.int32, device=device)
         self._empty_table = torch.zeros((0, max_blocks_per_seq), dtype=torch.int32, device=device)
@@ -122,9 +147,17 @@ class DecodeInputs:
         tables = self.host_tables.numpy()
         for row, blocks in enumerate(batch.block_tables):
             tables[row, :len(blocks)] = blocks
-        for host, dev in ((self.host_ids, self.input_ids), (self.host_positions, self.positions),
-                          (self.host_slots, self.slot_mapping), (self.host_lens, self.context_lens),
-                          (self.host_tables, self.block_tables)):
+        pairs = [(self.host_ids, self.input_ids), (self.host_positions, self.positions),
+                 (self.host_slots, self.slot_mapping), (self.host_lens, self.context_lens),
+                 (self.host_tables, self.block_tables)]
+        # A step without adapters replays the base graph, which never reads the index buffer.
+        if batch.adapters is not None:
+            if self.adapters is None:
+                raise RuntimeError("a decode step with LoRA adapters, but LoRA is off")
+            self.host_adapters[:n] = torch.as_tensor(batch.adapters)
+            self.host_adapters[n:bucket] = -1
+            pairs.append((self.host_adapters, self.adapters))
+        for host, dev in pairs:
             dev[:bucket].copy_(host[:bucket], non_blocking=True)
 
     def metadata(self, bucket: int) -> AttentionMetadata:
@@ -157,34 +190,53 @@ class EagerStep:
     """A bucket run without a graph: the same forward, on the same buffers, launched kernel by
     kernel."""
 
-    def __init__(self, graphs: DecodeGraphs, bucket: int) -> None:
-        self.graphs, self.bucket = graphs, bucket
+    def __init__(self, graphs: DecodeGraphs, bucket: int, with_lora: bool) -> None:
+        self.graphs, self.bucket, self.with_lora = graphs, bucket, with_lora
 
     def replay(self) -> torch.Tensor:
-        inputs = self.graphs.inputs
-        return self.graphs.forward(inputs.input_ids[:self.bucket], inputs.positions[:self.bucket],
-                                   inputs.metadata(self.bucket))
+        return self.graphs.forward_bucket(self.bucket, self.with_lora)
+
+
+@dataclass
+class BucketSteps:
+    """A bucket's step on the base model alone, and with the LoRA delta (None with LoRA off)."""
+    base: Replayable
+    lora: Replayable | None = None
 
 
 class DecodeGraphs:
-    """One captured forward pass per bucket, sharing one memory pool (captured largest first, as it
-    must be)."""
+    """One captured forward pass per bucket (two with LoRA on), sharing one memory pool (captured
+    largest first, as it must be)."""
 
     def __init__(self, forward: Forward, max_batch: int, max_blocks_per_seq: int,
-                 device: torch.device) -> None:
+                 device: torch.device, lora: LoRAState | None = None) -> None:
+        """lora: the model's adapter state, whose per-row slots the LoRA variants read from the
+        inputs' adapter-index buffer."""
         self.forward = forward
         self.device = device
-        self.inputs = DecodeInputs(max_batch, max_blocks_per_seq, device)
+        self.lora = lora
+        self.inputs = DecodeInputs(max_batch, max_blocks_per_seq, device, lora is not None)
         self.buckets: list[int] = []
-        self.steps: dict[int, Replayable] = {}
+        self.steps: dict[int, BucketSteps] = {}
         self.replays = 0
+        self.lora_replays = 0  # of those, the steps with adapters
         self.captured = False
         self._wanted = bucket_sizes(max_batch)
+
+    def forward_bucket(self, bucket: int, with_lora: bool) -> torch.Tensor:
+        """The forward pass over the first bucket rows of the buffers; with_lora adds each row's
+        adapter delta, its slot read on the device from the adapter-index buffer."""
+        inputs = self.inputs
+        if self.lora is not None:
+            self.lora.indices = inputs.adapters[:bucket] if with_lora else None
+        return self.forward(inputs.input_ids[:bucket], inputs.positions[:bucket],
+                            inputs.metadata(bucket))
 
     def use_eager(self) -> None:
         """Every bucket runs without a graph (enforce_eager)."""
         for bucket in self._wanted:
-            self.add(bucket, EagerStep(self, bucket))
+            lora = EagerStep(self, bucket, True) if self.lora is not None else None
+            self.add(bucket, BucketSteps(EagerStep(self, bucket, False), lora))
         log.info("CUDA graphs off (enforce_eager): decode steps run eagerly, padded to buckets %s",
                  ",".join(map(str, self.buckets)))
 
@@ -198,30 +250,37 @@ class DecodeGraphs:
         get_tp_group().all_reduce(torch.zeros(1, device=self.device))
         torch.cuda.synchronize(self.device)
         steps = capture_in_lockstep(list(reversed(self._wanted)),
-                                    lambda bucket: self._capture_one(bucket, pool), time_limit_s)
+                                    lambda bucket: self._capture_bucket(bucket, pool),
+                                    time_limit_s)
         for bucket, step in steps.items():
             self.add(bucket, step)
+        if self.lora is not None:
+            self.lora.indices = None
         self.captured = True
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
-        log.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s, %.0f MiB",
+        log.info("CUDA graphs: %d decode buckets (%s)%s captured in %.1f s, %.0f MiB",
                  len(self.buckets), ",".join(map(str, self.buckets)),
+                 " with and without LoRA" if self.lora is not None else "",
                  time.perf_counter() - started, used / (1 << 20))
 
+    def _capture_bucket(self, bucket: int, pool: tuple[int, int]) -> BucketSteps:
+        base = self._capture_one(bucket, pool, False)
+        lora = self._capture_one(bucket, pool, True) if self.lora is not None else None
+        return BucketSteps(base, lora)
+
     @torch.inference_mode()
-    def _capture_one(self, bucket: int, pool: tuple[int, int]) -> CapturedStep:
-        self.inputs.fill(DecodeBatch([], [], [], [], []), bucket)
-        ids, positions = self.inputs.input_ids[:bucket], self.inputs.positions[:bucket]
-        meta = self.inputs.metadata(bucket)
+    def _capture_one(self, bucket: int, pool: tuple[int, int], with_lora: bool) -> CapturedStep:
+        self.inputs.fill(DecodeBatch([], [], [], [], [], [] if with_lora else None), bucket)
         for _ in range(WARMUP_RUNS):
-            self.forward(ids, positions, meta)
+            self.forward_bucket(bucket, with_lora)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            hidden = self.forward(ids, positions, meta)
+            hidden = self.forward_bucket(bucket, with_lora)
         return CapturedStep(graph, hidden)
 
-    def add(self, bucket: int, step: Replayable) -> None:
-        self.steps[bucket] = step
+    def add(self, bucket: int, steps: BucketSteps) -> None:
+        self.steps[bucket] = steps
         self.buckets = sorted(self.steps)
 
     def bucket_for(self, batch: int) -> int | None:
@@ -229,27 +288,33 @@ class DecodeGraphs:
         return pick_bucket(self.buckets, batch)
 
     def run(self, batch: DecodeBatch, bucket: int | None = None) -> torch.Tensor:
-        """Replays bucket (by default the smallest that fits); returns the hidden states of the
-        real rows. Under tensor parallelism the other ranks are given rank 0's bucket."""
+        """Replays bucket (by default the smallest that fits), its LoRA variant when a row has an
+        adapter; returns the hidden states of the real rows. Under tensor parallelism the other
+        ranks are given rank 0's bucket."""
         rows = len(batch.token_ids)
         bucket = self.bucket_for(rows) if bucket is None else bucket
         if bucket not in self.steps or bucket < rows:
             raise RuntimeError(f"decode bucket {bucket} cannot run {rows} rows on this rank "
                                f"(buckets {self.buckets})")
+        steps = self.steps[bucket]
+        step = steps.base if batch.adapters is None else steps.lora
+        if step is None:
+            raise RuntimeError("a decode step with LoRA adapters, but LoRA is off")
         self.inputs.fill(batch, bucket)
         self.replays += 1
-        return self.steps[bucket].replay()[:rows]
+        self.lora_replays += batch.adapters is not None
+        return step.replay()[:rows]
 
 
-def capture_in_lockstep(buckets: list[int], capture_one: Callable[[int], Replayable],
+def capture_in_lockstep(buckets: list[int], capture_one: Callable[[int], Step],
                         time_limit_s: float,
-                        clock: Callable[[], float] = time.perf_counter) -> dict[int, Replayable]:
+                        clock: Callable[[], float] = time.perf_counter) -> dict[int, Step]:
     """Captures buckets in the order given while time_limit_s allows, stopping every
     tensor-parallel rank at the same bucket: before each one the ranks agree to go on only if
     all of them are still within the limit."""
     tp = get_tp_group()
     started = clock()
-    steps: dict[int, Replayable] = {}
+    steps: dict[int, Step] = {}
     for bucket in buckets:
         if not tp.min_int(int(clock() - started <= time_limit_s)):
             log.warning("CUDA graph capture stopped after %.1f s (limit %.0f s, on this or "

@@ -108,7 +108,8 @@ class ModelRunner:
             log.info("tensor-parallel rank %d of %d: %d bytes of weights, %d KV blocks of %d "
                      "heads", tp.rank, tp.size, self.rank_weight_bytes[tp.rank], self.num_blocks,
                      kv_heads)
-        self.graphs = _decode_graphs(self.model, engine, device, backend, max_model_len)
+        self.graphs = _decode_graphs(self.model, engine, device, backend, max_model_len,
+                                     self.lora)
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks, if any."""
@@ -133,8 +134,10 @@ class ModelRunner:
         parallelism only this, rank 0's, decision counts: its step message carries it."""
         if self.graphs is None or self.hidden_sink is not None:
             return None
-        if not all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs
-                   and s.seq.lora_slot is None for s in scheduled):
+        if not all(s.num_positions == 1 and not s.seq.wants_prompt_logprobs for s in scheduled):
+            return None
+        # With LoRA on, the graphs carry the adapters' delta too (cuda_graphs.py).
+        if self.graphs.lora is None and any(s.seq.lora_slot is not None for s in scheduled):
             return None
         return self.graphs.bucket_for(len(scheduled))
 
@@ -270,13 +273,14 @@ def _rank0_device(tp_size: int, engine: EngineConfig) -> torch.device:
 
 
 def _decode_graphs(model: torch.nn.Module, engine: EngineConfig, device: torch.device,
-                   backend: str, max_model_len: int) -> DecodeGraphs | None:
+                   backend: str, max_model_len: int,
+                   lora: LoRAState | None) -> DecodeGraphs | None:
     """The decode buckets, the same on every tensor-parallel rank (the same settings, captured
     together); checked, since a rank replaying a bucket another lacks would hang them all."""
     graphs = None
     if bucketed_decode(device, backend):
         graphs = DecodeGraphs(model, min(engine.cuda_graph_max_batch_size, engine.max_num_seqs),
-                              -(-max_model_len // engine.block_size), device)
+                              -(-max_model_len // engine.block_size), device, lora)
         if engine.enforce_eager or device.type != "cuda":
             graphs.use_eager()
         else:
@@ -299,10 +303,13 @@ def bucketed_decode(device: torch.device, backend: str) -> bool:
 
 
 def _decode_batch(scheduled: list[ScheduledSeq], block_size: int) -> DecodeBatch:
-    """One token per sequence: its position is the sequence's computed length."""
+    """One token per sequence: its position is the sequence's computed length. A follower's items
+    carry rank 0's LoRA slots, so every rank fills the same adapter indices."""
     positions = [s.seq.num_computed_tokens for s in scheduled]
     tables = [s.seq.block_ids for s in scheduled]
+    slots = [s.seq.lora_slot for s in scheduled]
+    adapters = None if all(s is None for s in slots) else [-1 if s is None else s for s in slots]
     return DecodeBatch(
         token_ids=[s.seq.token_ids[p] for s, p in zip(scheduled, positions)], positions=positions,
         slots=[t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)],
-        block_tables=tables, context_lens=[p + 1 for p in positions])
+        block_tables=tables, context_lens=[p + 1 for p in positions], adapters=adapters)
