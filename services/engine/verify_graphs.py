@@ -23,8 +23,9 @@ Logits stay outside the graph, as for decode steps: the lm_head runs on the real
 tensor parallelism rank 0's step message names the bucket; a step whose items carry drafts replays
 the verify graph of that bucket on every rank (the followers see the drafts in the message), any
 other the decode graph. An EAGLE head's sink of final hidden states is handed the real rows (a
-copy); an EAGLE-3 head's, which reads layer inputs the graphs do not keep, runs steps eagerly. Captured only with speculation on, after the decode graphs, into their
-memory pool and within what is left of their capture time limit.
+copy); an EAGLE-3 head's, which reads layer inputs the graphs do not keep, runs steps eagerly.
+Captured only with speculation on, after the decode graphs, into their memory pool and within what
+is left of their capture time limit.
 """
 from __future__ import annotations
 
