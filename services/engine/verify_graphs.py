@@ -25,7 +25,7 @@ the verify graph of that bucket on every rank (the followers see the drafts in t
 other the decode graph. An EAGLE head's sink of final hidden states is handed the real rows (a
 copy); an EAGLE-3 head's, which reads layer inputs the graphs do not keep, runs steps eagerly.
 Captured only with speculation on, after the decode graphs, into their memory pool and within what
-is left of their capture time limit.
+is left of their capture time limit, up to the decode graphs' token count (see verify_graphs).
 """
 from __future__ import annotations
 
@@ -143,14 +143,18 @@ class VerifyGraphs(DecodeGraphs):
 def verify_graphs(model: Forward, spec: SpeculativeConfig | None, max_batch: int,
                   max_model_len: int, block_size: int, device: torch.device,
                   lora: LoRAState | None) -> VerifyGraphs | None:
-    """The verify buckets with speculation on (None without): up to max_batch items, or fewer
-    when speculation stops above disable_by_batch_size sequences anyway."""
+    """The verify buckets with speculation on (None without): as many token rows as the largest
+    decode graph's (max_batch), so the graphs' pool and capture time stay about the decode
+    graphs' (vLLM's capture sizes count tokens too), and no more items than speculation runs
+    with (disable_by_batch_size). Larger verify steps run eagerly: at large batch the launches
+    matter less, and speculation pays off less."""
     if spec is None:
         return None
-    cutoff = spec.disable_by_batch_size
-    rows = max_batch if cutoff is None else max(1, min(max_batch, cutoff))
-    inputs = VerifyInputs(rows, 1 + spec.num_speculative_tokens, max_model_len, block_size,
-                          device, lora is not None)
+    width = 1 + spec.num_speculative_tokens
+    rows = max(1, max_batch // width)
+    if spec.disable_by_batch_size is not None:
+        rows = max(1, min(rows, spec.disable_by_batch_size))
+    inputs = VerifyInputs(rows, width, max_model_len, block_size, device, lora is not None)
     return VerifyGraphs(model, rows, 0, device, lora, inputs)
 
 

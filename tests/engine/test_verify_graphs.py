@@ -33,7 +33,7 @@ NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": K, "prompt_look
                     "prompt_lookup_max": 3})
 ENGINE = dict(dtype="float32", device=DEVICE, attention_backend="triton", num_kv_blocks=64,
               block_size=4, max_model_len=128, max_num_batched_tokens=64,
-              cuda_graph_max_batch_size=4, num_threads=1, enforce_eager=True)
+              cuda_graph_max_batch_size=16, num_threads=1, enforce_eager=True)
 # The last request stops early: later steps run two items in bucket 2.
 PARAMS = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 12, 7)]
 
@@ -99,6 +99,7 @@ def test_greedy_oracle_drafts_through_verify_buckets_equal_no_speculation(oracle
     assert out == plain
     assert engine.speculator.stats.num_accepted_tokens > 0
     graphs = engine.runner.verify_graphs
+    # As many token rows as the largest decode bucket: 16 // (1 + K) items.
     assert graphs.buckets == [1, 2, 4] and graphs.width == 1 + K
     assert graphs.replays == len(seen) > 0
     # Short drafts (cut by max_tokens, or none at all) were padded, and so were missing items.

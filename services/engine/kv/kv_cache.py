@@ -22,7 +22,6 @@ from transformers import PretrainedConfig
 from baton.services.common.model_config import head_dim
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.kv.layout import Order
-from baton.services.engine.speculation.config import parse_speculative_config
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +55,12 @@ def block_bytes(config: PretrainedConfig, block_size: int, dtype: torch.dtype,
 def _activation_reserve(engine: EngineConfig, config: PretrainedConfig, dtype: torch.dtype) -> int:
     """A generous bound on one step's transient memory: MLP activations of the token budget plus
     logits, and the CUDA graphs' own pool, which holds a decode batch's activations beside the eager
-    allocator's (a verify batch's, 1 + k tokens a row, with speculation on: verify_graphs.py)."""
+    allocator's."""
     itemsize = torch.finfo(dtype).bits // 8
     per_token = (3 * config.intermediate_size + 6 * config.hidden_size) * itemsize
     logits = engine.max_num_seqs * config.vocab_size * 4 * 4
-    spec = parse_speculative_config(engine.speculative_config)
-    width = 1 if spec is None else 1 + spec.num_speculative_tokens
     graphs = 0 if engine.enforce_eager else min(engine.cuda_graph_max_batch_size,
-                                                engine.max_num_seqs) * width * per_token
+                                                engine.max_num_seqs) * per_token
     return engine.max_num_batched_tokens * per_token + logits + graphs
 
 
