@@ -193,7 +193,7 @@ class ModelRunner:
             # Gathered, so a copy: a sink may keep it past the next replay.
             hidden = out[torch.tensor(verify_rows(scheduled, graphs.width), device=out.device)]
         else:
-            hidden = self.graphs.run(_decode_batch(scheduled, self.block_size), bucket)
+            hidden = self.graphs.run(decode_batch(scheduled, self.block_size), bucket)
             if self.hidden_sink is not None:
                 hidden = hidden.clone()
         if self.hidden_sink is not None:
@@ -338,7 +338,7 @@ def bucketed_decode(device: torch.device, backend: str) -> bool:
     return False
 
 
-def _decode_batch(scheduled: list[ScheduledSeq], block_size: int) -> DecodeBatch:
+def decode_batch(scheduled: list[ScheduledSeq], block_size: int) -> DecodeBatch:
     """One token per sequence: its position is the sequence's computed length. A follower's items
     carry rank 0's LoRA slots, so every rank fills the same adapter indices."""
     positions = [s.seq.num_computed_tokens for s in scheduled]

@@ -19,7 +19,7 @@ from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, Ste
                                                       StepEncoder)
 from baton.services.engine.verify_graphs import VerifyBatch, verify_batch
 from tests.engine.draft_helpers import perturbed_copy
-from tests.engine.eagle_helpers import agreeing_head, bigram_target
+from tests.engine.eagle_helpers import agreeing_head, bigram_target, make_head
 from tests.engine.eagle_reference import EagleReference
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import make_adapters
@@ -232,7 +232,8 @@ def test_tp2_through_the_verify_buckets_matches_tp1(tiny_model_dirs, prompts, pl
 def test_an_eagle_head_reads_the_graphs_hidden_states(tiny_model_dirs, tmp_path_factory,
                                                       prompts):
     """EAGLE-1 reads the final hidden states, the graphs' own output: its target's decode and
-    verify steps take their buckets, and greedy outputs stay those without speculation."""
+    verify steps take their buckets, its own chained passes the head's, and greedy outputs stay
+    those without speculation."""
     root = tmp_path_factory.mktemp("verify-eagle")
     target = bigram_target(tiny_model_dirs["llama"], root / "target")
     head = agreeing_head(target, root / "head", False, noise=0.002)
@@ -249,6 +250,7 @@ def test_an_eagle_head_reads_the_graphs_hidden_states(tiny_model_dirs, tmp_path_
     assert len(full) > 3
     assert [d for _, d in full[::2]] == [reference.drafts(ctx, K) for ctx, _ in full[::2]]
     assert engine.runner.verify_graphs.replays > 0 and engine.runner.graphs.replays > 0
+    assert recorder.proposer.runner.head_graphs.replays > 0  # its chained passes
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
@@ -273,3 +275,24 @@ def test_lora_verify_steps_take_the_buckets_lora_variant(tiny_model_dirs, tmp_pa
     assert _lora_run(engine, prompts, names) == want
     assert engine.speculator.stats.num_accepted_tokens > 0
     assert engine.runner.verify_graphs.lora_replays > 0
+
+
+def test_an_eagle3_heads_chained_passes_take_its_buckets(tiny_model_dirs, tmp_path_factory,
+                                                         prompts):
+    """EAGLE-3 reads layer inputs, which the target's graphs do not keep: its target's steps run
+    eagerly, its own chained passes through the head's buckets still draft what a float64
+    reference does."""
+    target = tiny_model_dirs["qwen2"]
+    head = make_head(target, tmp_path_factory.mktemp("verify-eagle3") / "head", True)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    spec = json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": K})
+    engine = _engine(target, spec)
+    recorder = engine.speculator.proposer = DraftRecorder(engine.speculator.proposer)
+    want = [o.token_ids for o in _engine(target, None).generate(prompts, params)]
+    assert [o.token_ids for o in engine.generate(prompts, params)] == want
+    assert engine.runner.verify_graphs.replays == engine.runner.graphs.replays == 0
+    assert recorder.proposer.runner.head_graphs.replays > 0
+    full = [(ctx, d) for ctx, d in recorder.drafts if len(d) == K]
+    reference = EagleReference(target, head, True)
+    assert len(full) > 3
+    assert [d for _, d in full[::3]] == [reference.drafts(ctx, K) for ctx, _ in full[::3]]

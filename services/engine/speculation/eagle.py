@@ -58,13 +58,14 @@ from baton.services.engine.kv.block_manager import BlockManager
 from baton.services.engine.kv.kv_cache import KVCacheTooLarge
 from baton.services.engine.layers.attention import Attention
 from baton.services.engine.layers.rotary import RotaryEmbedding
-from baton.services.engine.model_runner import ModelRunner
+from baton.services.engine.model_runner import ModelRunner, decode_batch
 from baton.services.engine.parallel.state import solo
 from baton.services.engine.scheduler import ScheduledSeq
 from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import SpeculativeConfig, SpeculativeConfigError
 from baton.services.engine.speculation.draft_model import DraftModelProposer, DraftView
 from baton.services.engine.speculation.eagle_config import aux_layers, head_config
+from baton.services.engine.speculation.eagle_graphs import HeadGraphs, head_graphs
 from baton.services.engine.speculation.eagle_head import EagleHead, load_head
 from baton.services.engine.speculation.eagle_vocab import TargetVocab, shared_vocab, whole_vocab
 from baton.services.engine.speculation.proposer import Draft
@@ -98,6 +99,7 @@ class HeadRunner(ModelRunner):
                  device: torch.device) -> None:
         self.device, self.block_size, self.lora = device, engine.block_size, None
         self.executor = self.encoder = self.graphs = self.verify_graphs = self.hidden_sink = None
+        self.head_graphs: HeadGraphs | None = None  # build_eagle_proposer's
         self.head, self.vocab, self.attention = head, vocab, head.layer.self_attn.attention
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
@@ -114,18 +116,48 @@ class HeadRunner(ModelRunner):
         position, by id(item)."""
         if not batch:
             return {}
+        bucket = self._head_bucket(batch)
+        if bucket is not None:
+            return self._replay_head(batch, bucket)
         # _prepare packs multi-position items first, as the attention expects.
         batch = sorted(batch, key=lambda pair: pair[0].num_positions == 1)
         packed = [item for item, _ in batch]
         ids, positions, meta, last = self._prepare(packed)
         hidden = torch.cat([rows for _, rows in batch]).to(self.device)
         out, nxt = self.head(self.vocab.embed(ids), hidden, positions, meta)
-        out, nxt = out[last], nxt[last]
+        return self._passes(packed, out[last], nxt[last])
+
+    def _passes(self, packed: list[ScheduledSeq], out: torch.Tensor,
+                nxt: torch.Tensor) -> dict[int, Pass]:
         if self.head.eagle3:
             logits = self.head.draft_logits(out, self.vocab_size)
         else:
             logits = self.vocab.logits(out)
         return {id(item): Pass(item, logits[i], nxt[i]) for i, item in enumerate(packed)}
+
+    def _head_bucket(self, batch: list[tuple[ScheduledSeq, torch.Tensor]]) -> int | None:
+        """The graph bucket of a chained pass (one position an item, each paired with the head's
+        own hidden state), or None: eager."""
+        graphs = self.head_graphs
+        if graphs is None or any(item.num_positions != 1 or rows.shape[-1] != graphs.hidden_size
+                                 for item, rows in batch):
+            return None
+        return graphs.bucket_for(len(batch))
+
+    def _replay_head(self, batch: list[tuple[ScheduledSeq, torch.Tensor]],
+                     bucket: int) -> dict[int, Pass]:
+        """A chained pass through the head's graph buffers (eagle_graphs.py)."""
+        packed = [item for item, _ in batch]
+        graphs, rows = self.head_graphs, len(batch)
+        step = decode_batch(packed, self.block_size)
+        ids = torch.tensor(step.token_ids, device=self.device)
+        graphs.inputs.embeds[:rows].copy_(self.vocab.embed(ids))
+        graphs.inputs.hidden[:rows].copy_(torch.cat([h for _, h in batch]).to(self.device))
+        out = graphs.run(step, bucket)
+        width = graphs.hidden_size
+        if out.shape[-1] == width:  # EAGLE-1: one result
+            return self._passes(packed, out, out.clone())
+        return self._passes(packed, out[:, :width], out[:, width:].clone())
 
 
 class EagleProposer(DraftModelProposer):
@@ -230,6 +262,10 @@ def build_eagle_proposer(engine: EngineConfig, spec: SpeculativeConfig, blocks: 
     head.rope = RotaryEmbedding(config, head_dim(config), max_model_len).to(target.device)
     runner = HeadRunner(engine, head, vocab, model.config.vocab_size, blocks.num_blocks, dtype,
                         target.device)
+    max_batch = min(engine.cuda_graph_max_batch_size, engine.max_num_seqs,
+                    spec.disable_by_batch_size or engine.max_num_seqs)
+    runner.head_graphs = head_graphs(head, engine, max_batch, max_model_len, dtype,
+                                     target.device)
     proposer = EagleProposer(runner, blocks, max_model_len, engine.seed)
     target.capture_hidden(layers, proposer.observe)
     log.info("%s head %s: %d KV blocks beside the target's%s", spec.method, spec.model,
