@@ -1,10 +1,12 @@
 """An EAGLE head's cache moves with the KV cache over both transports between two real processes
 (a spawned source, as in test_kv_transfer.py): one read, one notification; a reader without a head
-cache, or with one of another shape, reads the target's blocks alone."""
+cache, or with one of another shape, reads the target's blocks alone; a read by head slices (across
+tensor-parallel sizes or orders) reads the head from prefill rank 0 before it notifies."""
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Iterator
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from baton.loadtest.bench.kv_loopback import (CacheShape, SourceProcess, SourceSpec,
-                                              blocks_digest)
+                                              blocks_digest, empty_cache, heads_digest)
 from baton.services.common.process import free_port
 from baton.services.worker.kv_transfer import KVTransport, make_transport
 
@@ -87,3 +89,26 @@ def test_a_reader_without_a_matching_head_reads_the_kv_alone(kind, variant, sour
     assert head is None or not head.any()
     assert result.num_bytes == 2 * SOURCE.num_layers * SOURCE.block_nbytes()
     assert _notices(source, kind, note) == [note]
+
+
+def test_a_read_by_head_slices_reads_the_head_from_rank_0():
+    """An HND source read into an NHD cache goes by head slices (head_transport.py's path for
+    any TP pair); the heads' caches are both HND, so the head's blocks come whole."""
+    hnd = CacheShape(1, 10, 4, 2, 8, order="HND")
+    spec = SourceSpec(replace(SOURCE, order="HND"), 5, f"kv-head-hnd-{os.getpid()}", free_port(),
+                      free_port(), transports=("nixl",), head=hnd)
+    source = SourceProcess(spec).start()
+    cache = torch.zeros(LOCAL.dims(), dtype=torch.bfloat16)
+    head = empty_cache(replace(hnd, num_blocks=LOCAL.num_blocks)).zero_()
+    transport = make_transport("nixl", cache, f"kv-head-hnd-dst-{os.getpid()}", "127.0.0.1",
+                               free_port(), registry=CollectorRegistry(), heads=(4, 2),
+                               head_cache=head)
+    try:
+        remote, local = [9, 2, 5, 0], [0, 6, 3, 4]
+        transport.read(source.peers["nixl"], remote, local, b"sliced", TIMEOUT_S)
+        assert heads_digest(cache, local, 0, 2) == source.heads_digest(remote, 0, 2)
+        assert blocks_digest(head, local) == source.head_cache_digest(remote)
+        assert _notices(source, "nixl", b"sliced") == [b"sliced"]
+    finally:
+        transport.close()
+        source.stop()
