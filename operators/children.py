@@ -12,6 +12,7 @@ from baton.operators import resources as r
 from baton.operators.members import (Member, gateway_models, router_block_size,
                                      router_models)
 from baton.operators.model_source import model_mount
+from baton.operators.placement import pool_layouts
 from baton.operators.settings import OperatorSettings
 from baton.operators.state_store import state_store
 from baton.operators.workers import served_model_name
@@ -188,6 +189,7 @@ def worker_pool(body: Obj, spec: Obj, role: str, settings: OperatorSettings,
 def worker_pools(body: Obj, spec: Obj, settings: OperatorSettings,
                  front: Obj | None = None) -> list[Obj]:
     """A deployment's WorkerPools; all a member (served by `front`, its primary) gets."""
+    spec = {**spec, "pools": pool_layouts(spec["pools"])}
     return [worker_pool(body, spec, role, settings, front) for role in r.ROLES
             if role in spec["pools"]]
 

@@ -50,3 +50,17 @@ def gpus_per_pod(spec: Obj) -> int:
 def gpus_per_replica(spec: Obj) -> int:
     """GPUs one replica holds, what the autoscaler counts per replica it adds or removes."""
     return gpus_per_pod(spec) * pods_per_replica(spec)
+
+
+def pool_layouts(pools: Obj) -> Obj:
+    """The pools with head-major KV blocks (engineArgs kv-cache-layout HND) on both sides when the
+    prefill and decode pools' tensor-parallel sizes differ and neither names a layout: each decode
+    rank then reads a prefill block's heads as one piece, not one per token (docs/sizing.md)."""
+    if "prefill" not in pools or "decode" not in pools:
+        return pools
+    sides = ("prefill", "decode")
+    if tensor_parallel(pools["prefill"]) == tensor_parallel(pools["decode"]) or any(
+            "kv-cache-layout" in pools[role].get("engineArgs", {}) for role in sides):
+        return pools
+    return {role: {**pool, "engineArgs": {**pool.get("engineArgs", {}), "kv-cache-layout": "HND"}}
+            if role in sides else pool for role, pool in pools.items()}

@@ -70,9 +70,12 @@ class EngineConfig(BatonSettings):
                     "parallelism each rank holds this much, of its own heads")
     kv_offload_disk_dir: str | None = Field(
         None, description="Local-disk KV tier below the host tier: the folder of its block files "
-                          "(needs --kv-offload-host-gib; not at tensor parallelism > 1 yet)")
+                          "(needs --kv-offload-host-gib); under tensor parallelism each rank "
+                          "keeps its own heads' share under <dir>/tp-<size>/rank-<rank> on its "
+                          "own node")
     kv_offload_disk_gib: float = Field(
-        16.0, gt=0, description="Local-disk KV tier: most GiB of block files it keeps")
+        16.0, gt=0, description="Local-disk KV tier: most GiB of block files it keeps (under "
+                                "tensor parallelism, each rank)")
     preemption_mode: Literal["auto", "swap", "recompute"] = Field(
         "auto",
         description="What a preempted request's KV becomes: swap keeps its full blocks in the "
@@ -140,18 +143,6 @@ class EngineConfig(BatonSettings):
                              "enable_prefix_caching")
         if self.preemption_mode == "swap" and self.kv_offload_host_gib == 0:
             raise ValueError("preemption_mode swap needs a host tier: set kv_offload_host_gib")
-        return self
-
-    @model_validator(mode="after")
-    def _tensor_parallel_supports(self) -> EngineConfig:
-        # The disk tier's files and evictions are rank 0's alone (the other ranks mirror only
-        # the host tier, kv/tiers/replicas.py), so it is refused rather than wrong.
-        if self.tensor_parallel_size == 1:
-            return self
-        if self.kv_offload_disk_dir is not None:
-            raise ValueError("the disk KV tier (--kv-offload-disk-dir) with "
-                             "--tensor-parallel-size > 1 is not supported yet (the host tier "
-                             "--kv-offload-host-gib is)")
         return self
 
     @model_validator(mode="after")

@@ -90,11 +90,9 @@ def build_tiers(config: EngineConfig, runner: Runner) -> TierManager | None:
         return None
     if config.engine == "sim":
         raise ValueError("KV tiers need engine=model: the simulated engine holds no KV to copy")
-    # Under tensor parallelism the other ranks' host tiers follow rank 0's (tiers/replicas.py).
-    executor = getattr(runner, "executor", None)
+    # Under tensor parallelism the other ranks' tiers follow rank 0's (tiers/replicas.py).
     return TierManager(runner.kv_cache, config.kv_offload_host_gib, config.kv_offload_disk_dir,
-                       config.kv_offload_disk_gib,
-                       replicas=None if executor is None else executor.send)
+                       config.kv_offload_disk_gib, replicas=getattr(runner, "executor", None))
 
 
 class LLMEngine:

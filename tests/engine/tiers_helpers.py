@@ -34,11 +34,14 @@ def two_turns(e: LLMEngine, prompts: list[list[int]],
     first = e.generate(prompts, params)
     if e.tiers is not None:
         assert e.tiers.flush()  # the first turns' blocks are in their tiers before the second
-    rng = random.Random(1)
-    follow = [p + o.token_ids + [rng.randrange(5, 250) for _ in range(6)]
-              for p, o in zip(prompts, first)]
-    second = e.generate(follow, params)
+    second = e.generate(follow_ups(prompts, [o.token_ids for o in first]), params)
     return ([o.token_ids for o in first + second], [o.num_cached_tokens for o in second])
+
+
+def follow_ups(prompts: list[list[int]], answers: list[list[int]]) -> list[list[int]]:
+    """Each conversation's second turn: its first prompt and answer plus a new message."""
+    rng = random.Random(1)
+    return [p + a + [rng.randrange(5, 250) for _ in range(6)] for p, a in zip(prompts, answers)]
 
 
 def gib_for(e: LLMEngine, blocks: int) -> float:

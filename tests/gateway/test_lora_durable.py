@@ -6,8 +6,6 @@ after the restart is given the adapter and serves requests for it. A gateway who
 answer refuses loads and unloads with a 503 and changes nothing."""
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from baton.services.common.process import ServiceProcess, free_port
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.launcher import (launch_gateway, launch_router, launch_sim_worker, scrape, stop_all,
                             wait_for)
-from tests.responses.conftest import PG, pg_admin
+from tests.responses.conftest import fresh_database
 
 KEYS = """
 tenants:
@@ -43,10 +41,8 @@ def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pg_store() -> Iterator[str]:
-    name = f"baton_lora_{uuid.uuid4().hex[:12]}"
-    asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
-    yield f"{PG}/{name}"
-    asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("baton_lora") as url:
+        yield url
 
 
 class Fleet:

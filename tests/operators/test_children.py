@@ -3,7 +3,9 @@ BatonDeployment."""
 from __future__ import annotations
 
 from baton.operators import resources as r
-from baton.operators.children import gateway_objects, router_args
+import pytest
+
+from baton.operators.children import gateway_objects, router_args, worker_pools
 from baton.operators.settings import OperatorSettings
 from baton.operators.state_store import STATE_DIR
 from baton.operators.spec import defaulted
@@ -131,3 +133,21 @@ def test_without_stores_the_gateway_gets_neither_variable():
     box = deployment["spec"]["template"]["spec"]["containers"][0]
     assert deployment["spec"]["replicas"] == 1
     assert not {e["name"] for e in box["env"]} & {"BATON_RATE_LIMIT_STORE", "BATON_STATE_STORE"}
+
+
+@pytest.mark.parametrize("prefill,decode,layout", [
+    ({"tensorParallelSize": 4}, {"tensorParallelSize": 8}, ["HND", "HND"]),
+    ({"tensorParallelSize": 8}, {"tensorParallelSize": 8}, [None, None]),  # whole blocks
+    ({"tensorParallelSize": 4, "engineArgs": {"kv-cache-layout": "NHD"}},
+     {"tensorParallelSize": 8}, ["NHD", None]),  # a layout given is the user's choice
+])
+def test_pools_of_different_tp_sizes_get_head_major_blocks(prefill, decode, layout):
+    body = {"metadata": {"name": "llama", "namespace": "llm", "uid": "u"},
+            "apiVersion": r.API_VERSION, "kind": r.DEPLOYMENT_KIND,
+            "spec": {"model": {"huggingFace": "meta-llama/Llama-3.1-70B"},
+                     "image": {"worker": "w:1"},
+                     "pools": {"prefill": {"minReplicas": 1, "maxReplicas": 2, **prefill},
+                               "decode": {"minReplicas": 1, "maxReplicas": 2, **decode}}}}
+    pools = worker_pools(body, defaulted(r.DEPLOYMENT_KIND, body), OperatorSettings())
+    assert [p["spec"]["role"] for p in pools] == ["prefill", "decode"]
+    assert [p["spec"].get("engineArgs", {}).get("kv-cache-layout") for p in pools] == layout

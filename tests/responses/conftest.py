@@ -7,6 +7,7 @@ SQLite store; further gateways join its router on other stores."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,14 +41,23 @@ async def pg_admin(statement: str) -> None:
         await conn.close()
 
 
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """The URL of a new PostgreSQL database, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG}/{name}"
+    finally:
+        # WITH (FORCE): a gateway killed mid-test may have left a connection behind
+        asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for the module, dropped after it."""
-    name = f"baton_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
-    yield f"{PG}/{name}"
-    # WITH (FORCE): a gateway killed mid-test may have left a connection behind
-    asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    """A fresh PostgreSQL database for the session."""
+    with fresh_database("baton_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

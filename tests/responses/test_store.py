@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +18,7 @@ from baton.services.state.responses_repo import (StoredResponse, delete_response
 from baton.services.state.store import StateStore
 from baton.services.state.urls import StoreUnavailable
 from baton.services.state.usage_repo import insert_usage, query_usage, settle_stale
-from tests.responses.conftest import PG, pg_admin
+from tests.responses.conftest import fresh_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -28,10 +27,8 @@ def url(request, tmp_path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/state.db"
         return
-    name = f"baton_store_{uuid.uuid4().hex[:12]}"
-    asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
-    yield f"{PG}/{name}"
-    asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("baton_store") as pg:
+        yield pg
 
 
 def _response(response_id: str, status: str = "completed") -> StoredResponse:

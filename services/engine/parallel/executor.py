@@ -140,8 +140,10 @@ class Executor:
         with self._send_lock:
             channel.send(self.conns, message)
 
-    def post(self, task: RankTask) -> int:
-        """Sends a task to every other rank; returns its id, for `wait`."""
+    def post(self, task: RankTask | Any) -> int:
+        """Sends a task to every other rank; returns its id, for `wait`. Besides a RankTask, any
+        message with a task_id its ranks answer the same way (a disk KV tier's load,
+        kv/tiers/disk_replicas.py)."""
         task.task_id = next(self._task_ids)
         self.replies.expect(task.task_id)
         self.send(task)

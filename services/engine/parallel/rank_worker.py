@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from baton.services.common.model_config import load_config
-from baton.services.engine.kv.tiers.replicas import TierFollower, TierLoads, TierPool, TierStores
+from baton.services.engine.kv.tiers.replicas import TIER_MESSAGES, TierFollower
 from baton.services.engine.parallel import channel
 from baton.services.engine.parallel.executor import RankSpec, set_cpu_threads
 from baton.services.engine.parallel.rank_tasks import RankContext, RankReply, RankTask
@@ -21,8 +21,6 @@ from baton.services.engine.parallel.state import destroy_tp, init_tp
 from baton.services.engine.parallel.step_sync import StepDecoder, StepMessage
 
 log = logging.getLogger(__name__)
-
-TIER_MESSAGES = (TierPool, TierStores, TierLoads)
 
 
 def _device(spec: RankSpec) -> torch.device:
@@ -40,6 +38,7 @@ def serve(spec: RankSpec) -> None:
     init_tp(spec.rank, spec.size, spec.init_method, device,
             spec.engine.distributed_timeout_seconds)
     lora: LoRAFollower | None = None
+    tiers: TierFollower | None = None
     try:
         config = load_config(spec.model_dir)
         runner = ModelRunner(spec.engine, config, spec.model_dir, spec.dtype, device,
@@ -47,9 +46,11 @@ def serve(spec: RankSpec) -> None:
         if runner.lora is not None:
             lora = LoRAFollower(spec.engine, config, runner.lora)
         decoder = StepDecoder()
-        tiers = TierFollower(runner.kv_cache)
         tasks = _TaskRunner(conn, RankContext(spec.rank, spec.size, runner.kv_cache, config,
                                               spec.node_host))
+        tiers = TierFollower(runner.kv_cache, spec.rank, spec.size,
+                             lambda task_id, value, error: tasks.send(
+                                 RankReply(task_id, spec.rank, value, error)))
         while (message := channel.recv(conn)) is not None:
             if isinstance(message, StepMessage):
                 runner.execute_follower(decoder.decode(message), message.score_rows,
@@ -63,6 +64,8 @@ def serve(spec: RankSpec) -> None:
     finally:
         if lora is not None:
             lora.close()
+        if tiers is not None:
+            tiers.close()
         conn.close()
         destroy_tp()
 
@@ -88,6 +91,10 @@ class _TaskRunner:
             log.warning("rank task %s failed on rank %d: %s", type(task).__name__,
                         self._ctx.rank, e)
             reply = RankReply(task.task_id, self._ctx.rank, error=str(e) or repr(e))
+        self.send(reply)
+
+    def send(self, reply: RankReply) -> None:
+        """Sends an answer to rank 0 (from any thread)."""
         with self._lock:
             try:
                 channel.send([self._conn], reply)

@@ -22,7 +22,7 @@ import torch
 
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store
 from baton.services.engine.kv.tiers.replicas import TierLoads, TierStores
-from baton.services.engine.kv.tiers.slots import load_slots, store_slots
+from baton.services.engine.kv.tiers.slots import copy_payload, load_slots, store_slots
 
 if TYPE_CHECKING:
     from baton.services.engine.kv.tiers.manager import TierManager
@@ -54,11 +54,11 @@ class CopyWorker(threading.Thread):
                     self._guarded(self._load, job)
             for job in jobs:
                 if isinstance(job, Flush):
-                    job.done.set()
+                    self._guarded(self._flush, job)
             if None in jobs:
                 return
 
-    def _guarded(self, fn: Callable[[Any], None], job: list[Store] | Load) -> None:
+    def _guarded(self, fn: Callable[[Any], None], job: list[Store] | Load | Flush) -> None:
         """A failed copy must not kill the thread (the engine would wait on it forever): the
         store is dropped, the load ends with what it had."""
         try:
@@ -68,6 +68,15 @@ class CopyWorker(threading.Thread):
             self._finish_stores(job if isinstance(job, list) else [], [])
             if isinstance(job, Load):
                 self._finish_load(job)
+            if isinstance(job, Flush):
+                job.done.set()
+
+    def _flush(self, job: Flush) -> None:
+        """Under tensor parallelism, once the other ranks have done their disk writes too."""
+        mirror = self.tiers.disk_mirror
+        if mirror is not None:
+            mirror.answer(mirror.ask([]))
+        job.done.set()
 
     def _store(self, stores: list[Store]) -> None:
         """In rounds of at most the host tier's size, so that a round larger than the tier pushes
@@ -79,7 +88,7 @@ class CopyWorker(threading.Thread):
     def _store_round(self, stores: list[Store]) -> None:
         tiers, host = self.tiers, self.tiers.host
         plan: list[tuple[Store, int]] = []
-        evicted: list[tuple[int, bytes]] = []
+        evicted: list[tuple[int, int, bytes]] = []  # (host slot, block hash, its bytes)
         with tiers.lock:
             for s in stores:
                 if s.block_hash in host:
@@ -91,12 +100,13 @@ class CopyWorker(threading.Thread):
                 if old is not None:
                     tiers.record("removed", old, "host")
                 if old is not None and tiers.disk is not None:
-                    evicted.append((old, host.pool[slot].numpy().tobytes()))
+                    evicted.append((slot, old, host.pool[slot].numpy().tobytes()))
                 plan.append((s, slot))
         started = time.perf_counter()
         if plan and tiers.replicas is not None:
             # Before the blocks can be reused (see replicas.py): the other ranks copy theirs too.
-            tiers.replicas(TierStores([(s.block, slot) for s, slot in plan]))
+            tiers.replicas.send(TierStores([(s.block, slot) for s, slot in plan],
+                                           [(slot, h) for slot, h, _ in evicted]))
         if plan:
             with self._on_stream():
                 store_slots(tiers.device_view, host.pool, [(s.block, slot) for s, slot in plan])
@@ -106,8 +116,10 @@ class CopyWorker(threading.Thread):
         stats.blocks_stored += len(plan)
         stats.bytes_stored += len(plan) * host.block_bytes
         self._finish_stores(stores, plan)
-        for block_hash, payload in evicted:
+        for _, block_hash, payload in evicted:
             self._write_disk(block_hash, payload)
+        if tiers.disk_mirror is not None:
+            tiers.disk_mirror.flush()
 
     def _finish_stores(self, stores: list[Store], plan: list[tuple[Store, int]]) -> None:
         tiers = self.tiers
@@ -129,13 +141,42 @@ class CopyWorker(threading.Thread):
             stats.bytes_stored += len(payload)
 
     def _load(self, job: Load) -> None:
-        """Copies job's hits in order into its device blocks; a disk block that fails its read ends
-        the prefix there."""
+        """Copies job's hits in order into its device blocks; a disk block that fails its read, on
+        any rank (disk_replicas.py), ends the prefix there. job.loaded is set once every copy is
+        done: a failure before leaves it 0, and the request computes every block."""
+        mirror = self.tiers.disk_mirror
+        on_disk = [i for i, hit in enumerate(job.hits) if hit.slot is None]
+        asked = None
+        if mirror is not None and on_disk:
+            # The other ranks read their shares while this one reads its own.
+            asked = mirror.ask([(job.hits[i].block_hash, job.dst_blocks[i]) for i in on_disk])
+        try:
+            ready, disk_seconds, host_seconds = self._copy_in(job)
+        finally:  # even after a failure here: the others' copies must end before the request runs
+            asking = time.perf_counter()
+            landed = len(on_disk) if asked is None else mirror.answer(asked)
+        disk_seconds += time.perf_counter() - asking
+        if landed < len(on_disk):  # another rank's share of this block failed its read
+            failed = on_disk[landed]
+            self.tiers.disk.discard(job.hits[failed].block_hash)
+            if failed != ready:  # unless refused here too, and counted then
+                self.tiers.stats["disk"].checksum_failures += 1
+            ready = min(ready, failed)
+        if mirror is not None:
+            mirror.flush()  # the blocks dropped, on every rank
+        disk_blocks = sum(1 for hit in job.hits[:ready] if hit.slot is None)
+        self._count_load("disk", disk_blocks, disk_seconds)
+        self._count_load("host", ready - disk_blocks, host_seconds)
+        job.loaded = ready
+        self._finish_load(job)
+
+    def _copy_in(self, job: Load) -> tuple[int, float, float]:
+        """This rank's copies: how many leading blocks are in place, and the seconds spent on the
+        disk ones and on the host ones."""
         tiers = self.tiers
-        view = tiers.device_view
         host_pairs: list[tuple[int, int]] = []  # (slot, device block)
+        ready = 0
         started = time.perf_counter()
-        disk_blocks = 0
         with self._on_stream():
             for hit, block in zip(job.hits, job.dst_blocks):
                 if hit.slot is not None:
@@ -144,20 +185,16 @@ class CopyWorker(threading.Thread):
                     payload = tiers.disk.read(hit.block_hash)
                     if payload is None:
                         break
-                    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-                    view[:, block].copy_(data.view(view.shape[0], view.shape[2]))
-                    disk_blocks += 1
-                job.loaded += 1
+                    copy_payload(tiers.device_view, block, payload)
+                ready += 1
             disk_done = time.perf_counter()
             if host_pairs and tiers.replicas is not None:
                 # Before the load is done and its request runs (see replicas.py).
-                tiers.replicas(TierLoads(host_pairs))
+                tiers.replicas.send(TierLoads(host_pairs))
             if host_pairs:
                 load_slots(tiers.device_view, tiers.host.pool, host_pairs)
             self._sync()
-        self._count_load("disk", disk_blocks, disk_done - started)
-        self._count_load("host", len(host_pairs), time.perf_counter() - disk_done)
-        self._finish_load(job)
+        return ready, disk_done - started, time.perf_counter() - disk_done
 
     def _sync(self) -> None:
         if self.stream is not None:

@@ -113,6 +113,14 @@ class DiskTier:
         self._path(block_hash).unlink(missing_ok=True)
         self.record("removed", block_hash, "disk")
 
+    def discard(self, block_hash: int) -> None:
+        """Drops a block and its file (under tensor parallelism: another rank's share of it
+        failed, replicas.py)."""
+        if block_hash in self.index:
+            del self.index[block_hash]
+            self.record("removed", block_hash, "disk")
+        self._path(block_hash).unlink(missing_ok=True)
+
     def write(self, block_hash: int, payload: bytes) -> bool:
         """Stores a block; False when nothing was written: the tier holds it already, no longer
         writes, or the write failed."""

@@ -16,9 +16,10 @@ from baton.services.engine.kv.block_manager import Medium, MediumEvent
 from baton.services.engine.kv.layout import byte_view, order_of
 from baton.services.engine.kv.tiers.copier import CopyWorker
 from baton.services.engine.kv.tiers.disk import DiskTier
+from baton.services.engine.kv.tiers.disk_replicas import DiskMirror, Replicas, share_dir
 from baton.services.engine.kv.tiers.host import HostTier
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store, TierHit
-from baton.services.engine.kv.tiers.replicas import Send, TierPool
+from baton.services.engine.kv.tiers.replicas import TierPool
 from baton.services.engine.kv.tiers.stats import TierStats
 
 GIB = 1 << 30
@@ -27,9 +28,9 @@ GIB = 1 << 30
 class TierManager:
 
     def __init__(self, kv_cache: torch.Tensor, host_gib: float, disk_dir: str | None = None,
-                 disk_gib: float = 0.0, replicas: Send | None = None) -> None:
-        """replicas: under tensor parallelism, rank 0's line to the other ranks, whose host tiers
-        follow this one's copies (replicas.py)."""
+                 disk_gib: float = 0.0, replicas: Replicas | None = None) -> None:
+        """replicas: under tensor parallelism, rank 0's line to the other ranks, whose tiers
+        follow this one's copies (replicas.py, disk_replicas.py)."""
         self.device_view = byte_view(kv_cache)  # [layers, blocks, block_nbytes]
         layers, _, nbytes = self.device_view.shape
         self.block_size = kv_cache.shape[3]
@@ -39,15 +40,21 @@ class TierManager:
                              pin=kv_cache.is_cuda)
         self.replicas = replicas
         if replicas is not None:
-            replicas(TierPool(self.host.capacity))
+            replicas.send(TierPool(self.host.capacity))
         self.lock = threading.Condition()  # reentrant: the disk tier records under it too
         # With record_events (a worker whose router mirrors its cache), each block that enters or
         # leaves a tier is logged here, under the lock, for the engine to drain with its own.
         self.record_events = False
         self.events: list[MediumEvent] = []
-        self.disk = None if disk_dir is None else DiskTier(disk_dir, int(disk_gib * GIB),
-                                                           block_bytes, self.stats["disk"],
-                                                           self.record, order_of(kv_cache))
+        self.disk: DiskTier | None = None
+        self.disk_mirror: DiskMirror | None = None
+        if disk_dir is not None:
+            own = disk_dir if replicas is None else share_dir(disk_dir, 0, replicas.size)
+            self.disk = DiskTier(own, int(disk_gib * GIB), block_bytes, self.stats["disk"],
+                                 self.record, order_of(kv_cache))
+            if replicas is not None:
+                self.disk_mirror = DiskMirror(replicas, disk_dir, int(disk_gib * GIB),
+                                              list(self.disk.index))
         self.storing: dict[int, int] = {}  # device block -> hash, copy to host queued or running
         self.storing_hashes: set[int] = set()
         self.finished: list[Load] = []
@@ -57,6 +64,8 @@ class TierManager:
 
     def record(self, kind: str, block_hash: int, medium: Medium) -> None:
         """A block entered ("stored") or left ("removed") a tier."""
+        if medium == "disk" and self.disk_mirror is not None:
+            self.disk_mirror.record(kind, block_hash)
         if self.record_events:
             with self.lock:
                 self.events.append((kind, block_hash, medium))

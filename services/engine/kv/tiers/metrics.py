@@ -22,8 +22,8 @@ COUNTERS = (
     ("baton_kv_tier_loaded_bytes", "Bytes loaded from a KV tier into device blocks",
      "bytes_loaded"),
     ("baton_kv_tier_load_seconds", "Seconds spent loading blocks from a KV tier", "seconds_loaded"),
-    ("baton_kv_tier_checksum_failures", "Block files refused on read (deleted, treated as a miss)",
-     "checksum_failures"),
+    ("baton_kv_tier_checksum_failures", "Block files refused on read (deleted, treated as a "
+     "miss); under tensor parallelism, on any rank", "checksum_failures"),
     ("baton_kv_tier_write_errors", "Writes to a KV tier that failed (the disk tier then stops "
      "writing)", "write_errors"),
 )

@@ -1,5 +1,6 @@
-"""Copies between device blocks and host slots: the copy worker's (rank 0's, and the only one at
-TP=1) and, under tensor parallelism, the other ranks' (replicas.py)."""
+"""Copies between device blocks and host slots or disk payloads: the copy worker's (rank 0's, and
+the only one at TP=1) and, under tensor parallelism, the other ranks' (replicas.py,
+disk_replicas.py)."""
 from __future__ import annotations
 
 import torch
@@ -25,3 +26,9 @@ def load_slots(view: torch.Tensor, pool: torch.Tensor, pairs: list[tuple[int, in
         rows[first:first + count].copy_(pool[slot:slot + count], non_blocking=True)
     blocks = torch.tensor([b for _, b in pairs], device=view.device)
     view.index_copy_(1, blocks, rows.transpose(0, 1))
+
+
+def copy_payload(view: torch.Tensor, block: int, payload: bytes) -> None:
+    """A block's bytes as read from disk, [layers, block_nbytes], into device block `block`."""
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    view[:, block].copy_(data.view(view.shape[0], view.shape[2]))

@@ -14,5 +14,7 @@ class TierStats:
     seconds_loaded: float = 0.0
     blocks_stored: int = 0
     blocks_loaded: int = 0
-    checksum_failures: int = 0  # disk: block files refused on read (deleted, never served)
+    # disk: block files refused on read (deleted, never served); under tensor parallelism, blocks
+    # whose share failed on any rank
+    checksum_failures: int = 0
     write_errors: int = 0  # disk: writes that failed (the tier stops writing at the first)
