@@ -47,8 +47,9 @@ SERVING_API = frozenset({
     "reserve_prefilled", "prefilled_loaded", "commit_prefilled", "park_reserved",
     "release_parked",
     "held_kv", "release_kv",  # hand-off, prefill side
-    "stats", "model_id", "block_size", "max_model_len", "kv_cache", "head_kv_cache",
-    "attention_heads", "rank_executor",  # KV hand-off across tensor-parallel sizes
+    "stats", "model_id", "block_size", "max_model_len", "kv_cache",  # load and shape
+    # KV hand-off: across tensor-parallel sizes, and an EAGLE head's cache with the target's
+    "attention_heads", "rank_executor", "head_kv_cache",
     # the prefix cache, mirrored by the router
     "record_block_events", "drain_block_events", "cached_block_hashes",
 })
