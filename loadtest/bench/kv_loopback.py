@@ -101,7 +101,7 @@ class PullKVServicer(worker_pb2_grpc.WorkerServicer):
     def PullKV(self, request: worker_pb2.PullKVRequest,
                context: grpc.ServicerContext) -> Iterator[worker_pb2.KVChunk]:
         try:
-            chunks = self._transport.stream_blocks(list(request.block_ids))
+            chunks = self._transport.stream_blocks(list(request.block_ids), request.with_head)
         except KVTransferError as e:
             log.warning("PullKV for request %s refused: %s", request.request_id, e)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request {request.request_id}: {e}")
@@ -127,15 +127,19 @@ class SourceSpec:
     device: str = "cpu"
     ipc_port: int = 0  # the CUDA IPC listener's (GPU caches only; 0: any free port)
     transports: tuple[str, ...] = ("nixl", "grpc")  # what to serve; cuda_ipc needs a GPU cache
+    head: CacheShape | None = None  # an EAGLE head's one-layer cache beside it (seed + 1)
 
 
-def _source_transports(spec: SourceSpec, cache: torch.Tensor) -> dict[str, Any]:
+def _source_transports(spec: SourceSpec, cache: torch.Tensor,
+                       head: torch.Tensor | None) -> dict[str, Any]:
     transports: dict[str, Any] = {}
     if "nixl" in spec.transports:
         from baton.services.worker.kv_transfer.nixl_transport import NixlKVTransport
-        transports["nixl"] = NixlKVTransport(cache, spec.agent_name, "127.0.0.1", spec.nixl_port)
+        transports["nixl"] = NixlKVTransport(cache, spec.agent_name, "127.0.0.1", spec.nixl_port,
+                                             head_cache=head)
     if "grpc" in spec.transports:
-        transports["grpc"] = GrpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.grpc_port)
+        transports["grpc"] = GrpcKVTransport(cache, spec.agent_name, "127.0.0.1", spec.grpc_port,
+                                             head_cache=head)
     if "cuda_ipc" in spec.transports:
         from baton.services.worker.kv_transfer.cuda_ipc import CudaIpcKVTransport
         transports["cuda_ipc"] = CudaIpcKVTransport(cache, spec.agent_name, "127.0.0.1",
@@ -147,7 +151,8 @@ def _source_main(spec: SourceSpec, conn: Any) -> None:
     cache = random_cache(spec.shape, spec.seed, spec.device)
     if cache.is_cuda:
         torch.cuda.synchronize()
-    transports = _source_transports(spec, cache)
+    head = None if spec.head is None else random_cache(spec.head, spec.seed + 1, spec.device)
+    transports = _source_transports(spec, cache, head)
     server = serve_pull_kv(transports["grpc"], spec.grpc_port) if "grpc" in transports else None
     conn.send({kind: t.local_peer() for kind, t in transports.items()})
     while True:
@@ -158,6 +163,8 @@ def _source_main(spec: SourceSpec, conn: Any) -> None:
             conn.send(blocks_digest(cache, arg))
         elif command == "heads_digest":
             conn.send(heads_digest(cache, *arg))
+        elif command == "head_cache_digest":
+            conn.send(blocks_digest(head, arg))
         elif command == "stop":
             break
     if server is not None:
@@ -223,6 +230,10 @@ class SourceProcess:
 
     def heads_digest(self, blocks: list[int], start: int, count: int) -> str:
         return self._ask("heads_digest", (blocks, start, count))
+
+    def head_cache_digest(self, blocks: list[int]) -> str:
+        """blocks_digest of the EAGLE head's cache (spec.head)."""
+        return self._ask("head_cache_digest", blocks)
 
     def pause(self) -> None:
         """SIGSTOP: alive and connected but answering nothing, as a wedged worker. Returns once

@@ -29,7 +29,7 @@ from baton.services.engine.sequence import Sequence
 from baton.services.engine.speculation.config import (SpeculativeConfig, check_draft_vocab,
                                                       parse_speculative_config)
 from baton.services.engine.speculation.draft_model import build_draft_proposer
-from baton.services.engine.speculation.eagle import build_eagle_proposer
+from baton.services.engine.speculation.eagle import EagleProposer, build_eagle_proposer
 from baton.services.engine.speculation.ngram import NgramProposer
 from baton.services.engine.speculation.proposer import Proposer
 from baton.services.engine.speculation.speculator import Speculator
@@ -48,7 +48,8 @@ SERVING_API = frozenset({
     "release_parked",
     "held_kv", "release_kv",  # hand-off, prefill side
     "stats", "model_id", "block_size", "max_model_len", "kv_cache",  # load and shape
-    "attention_heads", "rank_executor",  # KV hand-off across tensor-parallel sizes
+    # KV hand-off: across tensor-parallel sizes, and an EAGLE head's cache with the target's
+    "attention_heads", "rank_executor", "head_kv_cache",
     # the prefix cache, mirrored by the router
     "record_block_events", "drain_block_events", "cached_block_hashes",
 })
@@ -146,6 +147,9 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.intake, self.scheduler, self.handoffs, self.counters,
                                        self.eos_ids)
         self.speculator = self._speculator(config)
+        proposer = getattr(self.speculator, "proposer", None)
+        # An EAGLE head's KV goes with the target's in a hand-off (speculation/eagle.py).
+        self.eagle = proposer if isinstance(proposer, EagleProposer) else None
 
     def _speculator(self, config: EngineConfig) -> Speculator | None:
         spec = parse_speculative_config(config.speculative_config)
@@ -241,12 +245,15 @@ class LLMEngine:
             raise
 
     def commit_prefilled(self, request_id: str, first_token: int,
-                         first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
+                         first_logprobs: TokenLogprobs | None = None,
+                         head_row: torch.Tensor | None = None) -> RequestOutput:
         """The reserved blocks now hold the prompt's KV: join the batch with the prefill worker's
-        first token."""
+        first token. head_row: the prompt's last target row, when the EAGLE head's KV came too."""
         seq = self.handoffs.take_reserved(request_id)
         cached = seq.num_computed_tokens
         seq.num_computed_tokens = seq.num_tokens
+        if head_row is not None and self.eagle is not None:
+            self.eagle.handed_off(seq, head_row)
         self.blocks.cache_full_blocks(seq, cached)
         skip_draws(seq, self.model_config.vocab_size, 1)
         self.scheduler.add_running(seq)
@@ -290,7 +297,8 @@ class LLMEngine:
             return None
         full = seq.num_prompt_tokens // self.blocks.block_size
         hashes = seq.full_block_hashes(self.blocks.block_size, self.model_id)[:full]
-        return HeldKV(list(seq.block_ids), hashes)
+        return HeldKV(list(seq.block_ids), hashes,
+                      None if self.eagle is None else self.eagle.last_rows.get(seq))
 
     def abort(self, request_id: str) -> bool:
         """abort_request, saying whether the request was anywhere here."""
@@ -339,6 +347,11 @@ class LLMEngine:
     def kv_cache(self) -> torch.Tensor:
         """[layers, blocks, 2, block_size, kv heads, head dim]: what KV transports register."""
         return self.runner.kv_cache
+
+    @property
+    def head_kv_cache(self) -> torch.Tensor | None:
+        """The EAGLE head's one-layer cache (kv_cache's blocks), which a hand-off moves too."""
+        return None if self.eagle is None else self.eagle.runner.attention.kv_cache
 
     @property
     def attention_heads(self) -> tuple[int, int]:
@@ -423,6 +436,10 @@ class LLMEngine:
             for seq, tokens in zip(seqs, accepted):
                 self.lora.count_tokens(seq.lora_name, 0, len(tokens))
         outputs = self.outputs.process(seqs, accepted, accepted_lps)
+        if self.eagle is not None:
+            for seq in seqs:
+                if self.handoffs.held(seq.request_id) is seq:
+                    self.eagle.hand_off(seq)
         if self.speculator is not None:
             self.speculator.release_rejected(items)
         return failed + outputs

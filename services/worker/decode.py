@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import torch
 from opentelemetry import trace
 
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
@@ -20,7 +21,8 @@ from baton.services.engine.kv.handoff import Reservation
 from baton.services.engine.requests import EngineRequest
 from baton.services.worker.config import WorkerConfig
 from baton.services.worker.engine_loop import EngineLoop
-from baton.services.worker.kv_transfer.base import KVHandle, KVPeer, KVTransferError, KVTransport
+from baton.services.worker.kv_transfer.base import (KVHandle, KVPeer, KVTransferError, KVTransport,
+                                                    heads_match)
 from baton.services.worker.lease_client import LeaseClient
 from baton.services.worker.metrics import WorkerMetrics
 
@@ -53,7 +55,7 @@ class Served:
 
 def peer_of(handle: KVHandle) -> KVPeer:
     return KVPeer(handle.agent_name, handle.agent_host, handle.agent_port, handle.layout,
-                  handle.rank_peers)
+                  handle.rank_peers, handle.head_layout)
 
 
 class DecodeSide:
@@ -64,6 +66,8 @@ class DecodeSide:
         self.transport = transport
         self.metrics = metrics
         self.leases = LeaseClient(config.transfer_timeout_seconds)
+        # Prefill workers whose EAGLE head KV this worker cannot take, told once each.
+        self._headless: set[str] = set()
 
     async def generate(self, request: EngineRequest, handoff: KVHandoff | None,
                        generated: list[int]) -> AsyncIterator[Served]:
@@ -130,8 +134,22 @@ class DecodeSide:
             await self._drop_reservation(request_id, e)
             return await self._fall_back(request, handoff, e)
         first = await self.loop.commit_prefilled(request_id, handoff.first_token_id,
-                                                 handoff.first_logprob)
+                                                 handoff.first_logprob, self._head_row(handle))
         return "transfer", first
+
+    def _head_row(self, handle: KVHandle) -> torch.Tensor | None:
+        """The prompt's last target row when the pull moved the EAGLE head's KV too (both workers
+        have a head cache of one shape); else None, and the mismatch logged once per peer."""
+        local = self.transport.local_peer().head_layout
+        if heads_match(local, handle.head_layout) and handle.head_row:
+            return torch.frombuffer(bytearray(handle.head_row), dtype=torch.float32)
+        if (local is not None or handle.head_layout is not None) and (
+                handle.worker_id not in self._headless):
+            self._headless.add(handle.worker_id)
+            log.warning("prefill worker %s hands off no EAGLE head KV this worker can take (head "
+                        "cache %s here, %s there): its prompts' drafts start a step later and "
+                        "may be worse", handle.worker_id, local, handle.head_layout)
+        return None
 
     async def _drop_reservation(self, request_id: str, error: KVTransferError) -> None:
         """Frees blocks reserved for a failed pull, or parks them while a late write may land."""

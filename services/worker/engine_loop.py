@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import torch
+
 from baton.services.common.outputs import RequestOutput, TokenLogprobs
 from baton.services.engine.kv.block_manager import Medium
 from baton.services.engine.kv.handoff import HeldKV, Reservation
@@ -90,10 +92,12 @@ class EngineLoop:
         return await self._call(LLMEngine.prefilled_loaded, request_id)
 
     async def commit_prefilled(self, request_id: str, first_token: int,
-                               first_logprobs: TokenLogprobs | None = None) -> RequestOutput:
-        """The reserved blocks hold the prompt's KV: the request joins the batch."""
+                               first_logprobs: TokenLogprobs | None = None,
+                               head_row: torch.Tensor | None = None) -> RequestOutput:
+        """The reserved blocks hold the prompt's KV (and head_row: its EAGLE head's): the
+        request joins the batch."""
         return await self._call(LLMEngine.commit_prefilled, request_id, first_token,
-                                first_logprobs)
+                                first_logprobs, head_row)
 
     async def park_reserved(self, request_id: str) -> int:
         """Keeps a failed pull's blocks out of use; the ticket that releases them."""

@@ -84,7 +84,9 @@ class PrefillSide:
                         layout=peer.layout, block_ids=tuple(held.block_ids), num_tokens=num_tokens,
                         expires_at_unix_ms=int(expires_at * 1000),
                         block_hashes=tuple(held.block_hashes),
-                        rank_peers=self.transport.rank_peers())
+                        rank_peers=self.transport.rank_peers(), head_layout=peer.head_layout,
+                        head_row=b"" if peer.head_layout is None or held.head_row is None
+                        else held.head_row.numpy().tobytes())
 
     async def leased_blocks(self, request_id: str, block_ids: list[int]) -> list[int]:
         """The blocks of a live lease that a pull asks for; raises UnknownHandle otherwise."""

@@ -71,7 +71,10 @@ def _build(config: WorkerConfig, engine_config: EngineConfig,
     transport = make_transport(config.kv_transport, engine.kv_cache, name=f"baton-{worker_id}",
                                host=host, port=kv_port, registry=registry,
                                ucx_tls=config.kv_ucx_tls, heads=engine.attention_heads,
-                               executor=engine.rank_executor)
+                               executor=engine.rank_executor, head_cache=engine.head_kv_cache)
+    if engine.head_kv_cache is not None:
+        log.info("KV hand-offs carry the EAGLE head's KV too%s", " (not over cuda_ipc)"
+                 if config.kv_transport == "cuda_ipc" else "")
     loop = EngineLoop(engine, asyncio.get_running_loop())
     events = KVEventLog(config.kv_event_buffer)
     loop.after_step.append(events.drain)

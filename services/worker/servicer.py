@@ -176,7 +176,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             blocks = await self.prefill_side.leased_blocks(request.request_id,
                                                            list(request.block_ids))
-            chunks = transport.stream_blocks(blocks)
+            chunks = transport.stream_blocks(blocks, request.with_head)
         except UnknownHandle as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except KVTransferError as e:

@@ -140,8 +140,9 @@ def test_sampled_drafts_keep_their_lengths_and_logprobs(tiny_model_dirs, heads, 
 
 
 def test_decode_side_of_a_handoff_drafts_after_its_first_step(agreeing, prompts):
-    """The prompt's KV comes by hand-off: the head never sees its hidden states, and drafts from
-    the decode side's own steps on (an agreeing EAGLE-1 head needs only the latest token)."""
+    """The prompt's KV comes by hand-off from an engine without the head: the head never sees its
+    hidden states, and drafts from the decode side's own steps on (an agreeing EAGLE-1 head needs
+    only the latest token). With the head on both ends: test_eagle_handoff.py."""
     target, head, _ = agreeing["eagle"]
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     colocated, _ = run(target, prompts, params)

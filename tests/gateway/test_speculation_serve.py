@@ -61,7 +61,7 @@ def answers(stack: Stack, model, prompts) -> list[list[int]]:
     ("colocated", [], "ngram"),
     # Every prompt prefilled on the prefill worker and handed off: the decode worker speculates.
     ("disaggregated", ["--max-local-prefill-tokens=0"], "ngram"),
-    # The head sees no prompt hidden states there; it drafts from the decode steps'.
+    # The prompt's head KV comes with the hand-off (the prefill worker runs the head too).
     ("disaggregated", ["--max-local-prefill-tokens=0"], "eagle3"),
 ])
 def test_greedy_through_serve_equals_no_speculation(model, prompts, expected, specs, mode,

@@ -1,6 +1,6 @@
 """KVHandle and KVLayout carry the same fields as their wire messages, and a KV handle survives the
 trip field for field."""
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from baton.services.engine.kv.layout import KVLayout
 from baton.services.worker.kv_transfer.base import (KVHandle, KVRankPeer, kv_handle_from_proto,
@@ -40,7 +40,8 @@ def _fully_populated() -> KVHandle:
                     layout=LAYOUT, block_ids=(4, 9, 2), num_tokens=40,
                     expires_at_unix_ms=1_800_000_000_000, block_hashes=((1 << 63) + 5, 17),
                     rank_peers=(KVRankPeer("agent-0", "10.0.0.7", 5600, LAYOUT, 0, 4),
-                                KVRankPeer("agent-0-rank1", "10.0.0.7", 5601, LAYOUT, 4, 4)))
+                                KVRankPeer("agent-0-rank1", "10.0.0.7", 5601, LAYOUT, 4, 4)),
+                    head_layout=LAYOUT, head_row=b"\x00\x00\x80?")
 
 
 def test_every_handle_field_is_set_on_the_wire() -> None:
@@ -50,3 +51,9 @@ def test_every_handle_field_is_set_on_the_wire() -> None:
 
 def test_handle_round_trip_is_identity() -> None:
     assert kv_handle_from_proto(kv_handle_to_proto(_fully_populated())) == _fully_populated()
+
+
+def test_handle_without_a_head_round_trips_to_none() -> None:
+    plain = replace(_fully_populated(), head_layout=None, head_row=b"")
+    assert not kv_handle_to_proto(plain).HasField("head_layout")
+    assert kv_handle_from_proto(kv_handle_to_proto(plain)) == plain

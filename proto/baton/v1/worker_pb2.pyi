@@ -107,7 +107,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, meta: _Optional[_Union[RequestMeta, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class KVHandle(_message.Message):
-    __slots__ = ("request_id", "worker_id", "worker_address", "transport", "agent_name", "agent_host", "agent_port", "layout", "block_ids", "num_tokens", "expires_at_unix_ms", "block_hashes", "rank_peers")
+    __slots__ = ("request_id", "worker_id", "worker_address", "transport", "agent_name", "agent_host", "agent_port", "layout", "block_ids", "num_tokens", "expires_at_unix_ms", "block_hashes", "rank_peers", "head_layout", "head_row")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,8 @@ class KVHandle(_message.Message):
     EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     RANK_PEERS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ROW_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     worker_address: str
@@ -134,7 +136,9 @@ class KVHandle(_message.Message):
     expires_at_unix_ms: int
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     rank_peers: _containers.RepeatedCompositeFieldContainer[KVRankPeer]
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., transport: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_host: _Optional[str] = ..., agent_port: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., rank_peers: _Optional[_Iterable[_Union[KVRankPeer, _Mapping]]] = ...) -> None: ...
+    head_layout: KVLayout
+    head_row: bytes
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., transport: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_host: _Optional[str] = ..., agent_port: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., rank_peers: _Optional[_Iterable[_Union[KVRankPeer, _Mapping]]] = ..., head_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., head_row: _Optional[bytes] = ...) -> None: ...
 
 class KVRankPeer(_message.Message):
     __slots__ = ("agent_name", "agent_host", "agent_port", "layout", "kv_head_start", "kv_head_count")
@@ -286,12 +290,14 @@ class UpdateLeaseResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., expires_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("request_id", "block_ids")
+    __slots__ = ("request_id", "block_ids", "with_head")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    WITH_HEAD_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    with_head: bool
+    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., with_head: _Optional[bool] = ...) -> None: ...
 
 class KVChunk(_message.Message):
     __slots__ = ("layer", "block_id", "data")

@@ -35,6 +35,8 @@ import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
+
 from baton.services.engine.sequence import Sequence
 
 
@@ -49,9 +51,11 @@ class Reservation(NamedTuple):
 
 @dataclass(frozen=True)
 class HeldKV:
-    """A held prompt's blocks as the prefill side hands them out: ids, full blocks' hashes."""
+    """A held prompt's blocks as the prefill side hands them out: ids, full blocks' hashes, and
+    with an EAGLE head, the target's row at the prompt's last position (float32; eagle.py)."""
     block_ids: list[int]
     block_hashes: list[int]
+    head_row: torch.Tensor | None = None
 
 
 class HandoffState(enum.Enum):

@@ -12,9 +12,17 @@ draft token, and each draft token, paired with the head's own output before it, 
 The head's cache has the target's blocks (as many, of the same size), so a sequence's block table
 addresses both and the head's KV lives and goes with the target's blocks, as a draft model's does.
 Its KV at the draft tokens' positions is rewritten by the next catch-up, which starts where the
-previous step's rows start. Positions whose hidden states this worker never computed (a prompt
-whose KV came by hand-off, prefix-cache hits) keep what their blocks hold: the drafts there may be
-worse, the outputs are the same (verification keeps them exact).
+previous step's rows start. Positions whose hidden states this worker never computed (prefix-cache
+hits, a prompt handed off by a prefill worker without the same head) keep what their blocks hold:
+the drafts there may be worse, the outputs are the same (verification keeps them exact).
+
+A KV hand-off carries the head's KV with the target's. The prefill worker, running the same head,
+keeps its prompt's rows too and, once the first token is sampled, runs the head over the whole
+prompt (hand_off), so the head's cache holds the prompt's KV in the prompt's blocks; the transport
+moves those blocks of both caches. The target's row at the prompt's last position goes with the
+handle (the decode side's first draft pairs it with the first token, which the prefill worker
+sampled): the decode worker keeps it as if it had computed it (handed_off), and drafts in its first
+step exactly as a colocated engine does.
 
 Under tensor parallelism the head runs whole on rank 0 alone, as a draft model does: the hidden
 states it reads are rank 0's full rows (the residual stream is whole on every rank after each
@@ -160,6 +168,12 @@ class HeadRunner(ModelRunner):
         return self._passes(packed, out[:, :width], out[:, width:].clone())
 
 
+def keeps_rows(seq: Sequence) -> bool:
+    """Whether the head computes seq's KV: one that may draft, or a prompt held for a hand-off
+    (the decode side drafts after it)."""
+    return may_speculate(seq) or seq.hold_kv
+
+
 class EagleProposer(DraftModelProposer):
     """Drafts as the draft-model proposer does (its rooms and picks), from the head's passes."""
 
@@ -167,6 +181,41 @@ class EagleProposer(DraftModelProposer):
                  seed: int) -> None:
         super().__init__(runner, blocks, max_model_len, seed)
         self.rows: WeakKeyDictionary[Sequence, Rows] = WeakKeyDictionary()
+        # Prefill side: each held prompt's last target row, for its hand-off.
+        self.last_rows: WeakKeyDictionary[Sequence, torch.Tensor] = WeakKeyDictionary()
+
+    @property
+    def row_width(self) -> int:
+        """The width of the target's rows the head reads (3 * hidden for EAGLE-3)."""
+        head = self.runner.head
+        return head.config.hidden_size * (3 if head.eagle3 else 1)
+
+    @torch.inference_mode()
+    def hand_off(self, seq: Sequence) -> None:
+        """Prefill side: a held prompt's first token is known, so the head runs over the rows
+        still kept (all of the prompt's, or its last chunk's) and its cache holds the prompt's KV;
+        the last row is kept for the handle."""
+        kept = self.rows.pop(seq, None)
+        end = seq.num_computed_tokens
+        if (kept is None or seq.num_preemptions != kept.preemptions
+                or kept.first + len(kept.rows) != end or end >= seq.num_tokens):
+            return
+        view = ScheduledSeq(DraftView(seq.token_ids[1:end + 1], kept.first, seq.block_ids),
+                            end - kept.first)
+        self.runner.run([(view, kept.rows)])
+        self.last_rows[seq] = kept.rows[-1].float().cpu()
+
+    def handed_off(self, seq: Sequence, row: torch.Tensor) -> bool:
+        """Decode side: seq's prompt KV, the head's with it, came from a prefill worker, with the
+        target's row at its last position, kept here as this worker's own would be. False (and
+        nothing kept) for a row of another width."""
+        if row.shape != (self.row_width,):
+            return False
+        if may_speculate(seq):
+            dtype = self.runner.attention.kv_cache.dtype
+            self.rows[seq] = Rows(seq.num_computed_tokens - 1, row.to(dtype)[None],
+                                  seq.num_preemptions)
+        return True
 
     def observe(self, packed: list[ScheduledSeq], hidden: torch.Tensor) -> None:
         """The target runner's hidden-state sink: rows a draft did not use yet are used now,
@@ -175,7 +224,7 @@ class EagleProposer(DraftModelProposer):
         start = 0
         for item in packed:
             n = item.num_positions
-            if may_speculate(item.seq):
+            if keeps_rows(item.seq):
                 self.rows[item.seq] = Rows(item.seq.num_computed_tokens, hidden[start:start + n],
                                            item.seq.num_preemptions)
             start += n

@@ -66,6 +66,8 @@ class KVPeer:
     layout: KVLayout
     # Under tensor parallelism every rank's agent, rank 0's (the fields above) first; else empty.
     ranks: tuple[KVRankPeer, ...] = ()
+    # The EAGLE head's one-layer cache beside the KV cache (rank 0's), if any.
+    head_layout: KVLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class KVHandle:
     block_hashes: tuple[int, ...]
     # Every prefill rank's agent and KV heads under tensor parallelism; empty: one cache.
     rank_peers: tuple[KVRankPeer, ...] = ()
+    # The prefill worker's EAGLE head cache, and the prompt's last target row (float32 bytes).
+    head_layout: KVLayout | None = None
+    head_row: bytes = b""
 
 
 def _rank_peer_to_proto(peer: KVRankPeer) -> pb.KVRankPeer:
@@ -101,8 +106,10 @@ def _rank_peer_from_proto(message: pb.KVRankPeer) -> KVRankPeer:
 
 def kv_handle_to_proto(handle: KVHandle) -> pb.KVHandle:
     values = {f.name: getattr(handle, f.name) for f in fields(KVHandle)}
+    head = handle.head_layout
     return pb.KVHandle(**values | {"layout": layout_to_proto(handle.layout), "rank_peers": [
-        _rank_peer_to_proto(p) for p in handle.rank_peers]})
+        _rank_peer_to_proto(p) for p in handle.rank_peers],
+        "head_layout": None if head is None else layout_to_proto(head)})
 
 
 def kv_handle_from_proto(message: pb.KVHandle) -> KVHandle:
@@ -112,7 +119,9 @@ def kv_handle_from_proto(message: pb.KVHandle) -> KVHandle:
                                 "block_ids": tuple(message.block_ids),
                                 "block_hashes": tuple(message.block_hashes),
                                 "rank_peers": tuple(_rank_peer_from_proto(p)
-                                                    for p in message.rank_peers)})
+                                                    for p in message.rank_peers),
+                                "head_layout": layout_from_proto(message.head_layout)
+                                if message.HasField("head_layout") else None})
 
 
 @dataclass(frozen=True)
@@ -178,13 +187,24 @@ class KVStreamSource(ABC):
     read."""
 
     @abstractmethod
-    def stream_blocks(self, block_ids: list[int]) -> Iterator[pb.KVChunk]:
-        """Every layer of `block_ids`, layer-major. Raises KVTransferError ("invalid") at once for
-        an unknown block id, before the stream starts."""
+    def stream_blocks(self, block_ids: list[int], with_head: bool = False) -> Iterator[pb.KVChunk]:
+        """Every layer of `block_ids`, layer-major (with_head: the EAGLE head's after them).
+        Raises KVTransferError ("invalid") at once for an unknown block id, before the stream
+        starts."""
 
     @abstractmethod
     def record_notification(self, msg: bytes) -> None:
         """A pull finished: `take_notifications` hands `msg` to the prefill side."""
+
+
+def heads_match(local: KVLayout | None, remote: KVLayout | None) -> bool:
+    """Whether a read moves the EAGLE head's blocks too: both workers have a head cache, of one
+    block shape and order (a different head, or none, on either side: the target's alone)."""
+    if local is None or remote is None:
+        return False
+    return (remote.num_layers, remote.block_size, remote.block_nbytes, remote.dtype,
+            remote.order) == (local.num_layers, local.block_size, local.block_nbytes,
+                              local.dtype, local.order)
 
 
 def check_read(local: KVLayout, peer: KVPeer, remote_blocks: list[int],

@@ -44,6 +44,18 @@ def coalesced_tables(local: KVLayout, remote: KVLayout, remote_blocks: list[int]
             run_table(remote, [r0 for r0, _, _ in runs], lengths, remote_device))
 
 
+def run_tables(pairs: list[tuple[KVLayout, KVLayout]], remote_blocks: list[int],
+               local_blocks: list[int], device: int) -> tuple[np.ndarray, np.ndarray]:
+    """The local and remote range tables of a read over several caches, each pair's (local,
+    remote) layouts in turn, one range per (layer, run) (a run may be one block)."""
+    runs = block_runs(remote_blocks, local_blocks)
+    lengths = [n for _, _, n in runs]
+    local = [run_table(mine, [l0 for _, l0, _ in runs], lengths, device) for mine, _ in pairs]
+    remote = [run_table(theirs, [r0 for r0, _, _ in runs], lengths, device)
+              for _, theirs in pairs]
+    return np.concatenate(local), np.concatenate(remote)
+
+
 @dataclass(frozen=True)
 class HeadSlice:
     """Part of a read across tensor-parallel sizes: `count` KV heads from the remote cache's local

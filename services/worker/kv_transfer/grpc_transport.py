@@ -3,7 +3,9 @@ with Worker.PullKV; the prefill side's servicer answers with `stream_blocks` and
 with `record_notification`.
 
 Each chunk is one (layer, block) range: the server makes the one copy protobuf needs (tensor ->
-bytes), the client copies the bytes straight into its cache, with no staging tensor in between.
+bytes), the client copies the bytes straight into its cache, with no staging tensor in between. An
+EAGLE head's cache (one layer, the same block ids) streams as one layer more after the target's,
+when both workers have one of the same shape (base.heads_match).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import torch
 
 from baton.services.engine.kv.layout import KVLayout, byte_view
 from baton.services.worker.kv_transfer.base import (KVPeer, KVStreamSource, KVTransferError,
-                                                    NotificationInbox, TransferResult, check_read)
+                                                    NotificationInbox, TransferResult, check_read,
+                                                    heads_match)
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
 from baton.v1 import worker_pb2, worker_pb2_grpc
 
@@ -35,18 +38,22 @@ class GrpcKVTransport(NotificationInbox, ObservedTransport, KVStreamSource):
     name = "grpc"
 
     def __init__(self, kv_cache: torch.Tensor, worker_name: str, host: str, port: int,
-                 metrics: TransferMetrics | None = None) -> None:
+                 metrics: TransferMetrics | None = None,
+                 head_cache: torch.Tensor | None = None) -> None:
         super().__init__()
         self._name, self._host, self._port, self._metrics = worker_name, host, port, metrics
         self._layout = KVLayout.of(kv_cache)
-        self._bytes = byte_view(kv_cache)
-        # On CPU, numpy views let both directions copy without a temporary tensor.
-        self._numpy = self._bytes.numpy() if kv_cache.device.type == "cpu" else None
+        self._head_layout = None if head_cache is None else KVLayout.of(head_cache)
+        # Per layer, the head's last: [blocks, block_nbytes] bytes. On CPU, numpy views let both
+        # directions copy without a temporary tensor.
+        self._layers = [layer for cache in (kv_cache, head_cache) if cache is not None
+                        for layer in _byte_layers(cache)]
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
 
     def local_peer(self) -> KVPeer:
-        return KVPeer(self._name, self._host, self._port, self._layout)
+        return KVPeer(self._name, self._host, self._port, self._layout,
+                      head_layout=self._head_layout)
 
     # Decode side.
 
@@ -57,10 +64,13 @@ class GrpcKVTransport(NotificationInbox, ObservedTransport, KVStreamSource):
         request_id = notification.decode("utf-8", "replace")
         address = f"{peer.host}:{peer.port}"
         stub = worker_pb2_grpc.WorkerStub(self._channel(address))
-        request = worker_pb2.PullKVRequest(request_id=request_id, block_ids=remote_blocks)
+        head = heads_match(self._head_layout, peer.head_layout)
+        request = worker_pb2.PullKVRequest(request_id=request_id, block_ids=remote_blocks,
+                                           with_head=head)
+        layers = self._layout.num_layers + head
         call = stub.PullKV(request, timeout=timeout_s)
         try:
-            received = self._receive(call, peer, remote_blocks, local_blocks)
+            received = self._receive(call, peer, remote_blocks, local_blocks, layers)
         except KVTransferError:
             call.cancel()
             self._drop_channel(address)
@@ -71,29 +81,32 @@ class GrpcKVTransport(NotificationInbox, ObservedTransport, KVStreamSource):
             raise KVTransferError(
                 f"PullKV from {peer.name} ({address}) failed: {e.code().name}: {e.details()}",
                 reason) from e
-        expected = self._layout.num_layers * len(remote_blocks)
+        expected = layers * len(remote_blocks)
         if received != expected:
             self._drop_channel(address)
             raise KVTransferError(
                 f"PullKV from {peer.name} ({address}) ended after {received} of {expected} "
                 f"chunks", "failed")
-        return TransferResult(received * self._layout.block_nbytes, time.perf_counter() - start)
+        head_bytes = self._head_layout.block_nbytes * len(remote_blocks) if head else 0
+        return TransferResult(len(remote_blocks) * self._layout.num_layers
+                              * self._layout.block_nbytes + head_bytes,
+                              time.perf_counter() - start)
 
     def _receive(self, chunks: Iterator[worker_pb2.KVChunk], peer: KVPeer, remote_blocks: list[int],
-                 local_blocks: list[int]) -> int:
+                 local_blocks: list[int], layers: int) -> int:
         """Copies the layer-major chunk stream into place, checking each is the one expected
         there."""
         n, received = len(remote_blocks), 0
         for chunk in chunks:
             layer, index = divmod(received, n) if n else (0, 0)
-            if (n == 0 or layer >= self._layout.num_layers or chunk.layer != layer or
-                    chunk.block_id != remote_blocks[index] or
-                    len(chunk.data) != self._layout.block_nbytes):
+            size = self._layers[min(layer, len(self._layers) - 1)].shape[1]
+            if (n == 0 or layer >= layers or chunk.layer != layer or
+                    chunk.block_id != remote_blocks[index] or len(chunk.data) != size):
                 raise KVTransferError(
                     f"PullKV from {peer.name} sent chunk {received} as (layer {chunk.layer}, block "
                     f"{chunk.block_id}, "
                     f"{len(chunk.data)} bytes); expected (layer {layer}, block "
-                    f"{remote_blocks[index] if n else None}, {self._layout.block_nbytes} bytes)",
+                    f"{remote_blocks[index] if n else None}, {size} bytes)",
                     "failed")
             self._store(layer, local_blocks[index], chunk.data)
             received += 1
@@ -101,10 +114,11 @@ class GrpcKVTransport(NotificationInbox, ObservedTransport, KVStreamSource):
 
     def _store(self, layer: int, block: int, data: bytes) -> None:
         source = np.frombuffer(data, dtype=np.uint8)
-        if self._numpy is not None:
-            self._numpy[layer, block] = source
+        target = self._layers[layer]
+        if isinstance(target, np.ndarray):
+            target[block] = source
         else:
-            self._bytes[layer, block].copy_(torch.from_numpy(source.copy()))
+            target[block].copy_(torch.from_numpy(source.copy()))
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -122,30 +136,41 @@ class GrpcKVTransport(NotificationInbox, ObservedTransport, KVStreamSource):
 
     # Prefill side: helpers for the worker's PullKV servicer.
 
-    def stream_blocks(self, block_ids: list[int]) -> Iterator[worker_pb2.KVChunk]:
-        """Every layer of `block_ids`, layer-major. Raises KVTransferError ("invalid") at once for
-        an unknown block id, before the stream starts, so the servicer can answer
-        INVALID_ARGUMENT."""
+    def stream_blocks(self, block_ids: list[int],
+                      with_head: bool = False) -> Iterator[worker_pb2.KVChunk]:
+        """Every layer of `block_ids`, layer-major, and with_head the head's after them. Raises
+        KVTransferError ("invalid") at once for an unknown block id or a head this worker lacks,
+        before the stream starts, so the servicer can answer INVALID_ARGUMENT."""
         bad = [b for b in block_ids if not 0 <= b < self._layout.num_blocks]
         if bad:
             raise KVTransferError(
                 f"invalid block id {bad[0]}: the cache has blocks 0..{self._layout.num_blocks - 1}",
                 "invalid")
-        return self._chunks(list(block_ids))
+        if with_head and self._head_layout is None:
+            raise KVTransferError("the EAGLE head's blocks were asked for; this worker has no "
+                                  "head", "invalid")
+        return self._chunks(list(block_ids), self._layout.num_layers + with_head)
 
-    def _chunks(self, block_ids: list[int]) -> Iterator[worker_pb2.KVChunk]:
-        for layer in range(self._layout.num_layers):
+    def _chunks(self, block_ids: list[int], layers: int) -> Iterator[worker_pb2.KVChunk]:
+        for layer in range(layers):
             for block in block_ids:
                 yield worker_pb2.KVChunk(layer=layer, block_id=block,
                                          data=self._block_bytes(layer, block))
 
     def _block_bytes(self, layer: int, block: int) -> bytes:
-        if self._numpy is not None:
-            return self._numpy[layer, block].tobytes()
-        return self._bytes[layer, block].cpu().numpy().tobytes()
+        source = self._layers[layer][block]
+        if isinstance(source, np.ndarray):
+            return source.tobytes()
+        return source.cpu().numpy().tobytes()
 
     def close(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             channel.close()
+
+
+def _byte_layers(cache: torch.Tensor) -> list[np.ndarray | torch.Tensor]:
+    """Each layer of a cache as [blocks, block_nbytes] bytes: numpy views on CPU."""
+    layers = byte_view(cache)
+    return [layer.numpy() if cache.device.type == "cpu" else layer for layer in layers]

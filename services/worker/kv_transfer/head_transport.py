@@ -12,7 +12,9 @@ per (layer, block, K/V) between HND caches, one per token between NHD ones, one 
 across orders). Only when every rank is done does rank 0 notify prefill rank 0, so the lease, the
 notification that frees the blocks and the quarantine of a timed-out read stay the one contract of
 engine/kv/handoff.py: a read fails as a whole, with the worst of its ranks' reasons (a timeout
-anywhere parks the blocks on every rank, since they are the same block ids).
+anywhere parks the blocks on every rank, since they are the same block ids). An EAGLE head lives on
+rank 0 alone: decode rank 0 reads its blocks from prefill rank 0 after its own share, before the
+notification, when both heads' caches have one shape.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any
 from baton.services.engine.parallel.executor import Executor, free_port
 from baton.services.engine.parallel.rank_tasks import RankContext, RankTask, RankTaskFailed
 from baton.services.worker.kv_transfer.base import (KVPeer, KVRankPeer, KVTransferError,
-                                                    KVTransport, TransferResult)
+                                                    KVTransport, TransferResult, heads_match)
 from baton.services.worker.kv_transfer.descriptors import HeadSlice
 from baton.services.worker.kv_transfer.head_ranges import HeadRange, plan_reads, rank_heads
 from baton.services.worker.kv_transfer.nixl_transport import NixlKVTransport
@@ -161,10 +163,16 @@ class HeadShardedTransport(KVTransport):
                                                      timeout_s))
         errors: list[KVTransferError] = []
         num_bytes = 0
+        first, _ = prefill_ranks(peer, self._num_kv_heads)[0]
+        first = replace(first, head_layout=peer.head_layout)
         try:
             num_bytes = read_rank_share(self._inner, peer, self._heads, self._size,
                                         self._num_kv_heads, (remote_blocks, local_blocks),
                                         timeout_s)
+            if heads_match(self._inner.local_peer().head_layout, peer.head_layout):
+                left = max(start + timeout_s - time.perf_counter(), 0.001)
+                num_bytes += self._inner.read_head(first, remote_blocks, local_blocks,
+                                                   left).num_bytes
         except KVTransferError as e:
             errors.append(e)
         if task is not None:
@@ -173,7 +181,6 @@ class HeadShardedTransport(KVTransport):
             num_bytes, errors = num_bytes + followers, errors + more
         if errors:
             raise min(errors, key=_severity)
-        first, _ = prefill_ranks(peer, self._num_kv_heads)[0]
         self._inner.notify(first, notification, max(start + timeout_s - time.perf_counter(), 1.0))
         return TransferResult(num_bytes, time.perf_counter() - start)
 

@@ -8,6 +8,11 @@ that tells the peer its blocks may be released.
 A read whose blocks form consecutive runs on both sides is instead built from one range per (layer,
 run) (descriptors.py), so UCX moves a few large pieces rather than many 64 KiB ones.
 
+An EAGLE head's one-layer cache, registered too, is read in the same READ as the target's blocks
+(its ranges after theirs, one notification) when both workers have a head cache of one shape
+(base.heads_match); a read across tensor-parallel sizes reads it from prefill rank 0 on its own
+(read_head), before the notification.
+
 On host memory UCX_TLS is left to UCX on purpose: its default picks shared memory / CMA between
 processes of one host and RDMA or TCP across hosts, and it is what the listener-based metadata
 exchange was verified with. Restricting it to `shm,self` fails to create the agent, and `tcp` alone
@@ -20,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,9 +33,10 @@ import torch
 
 from baton.services.engine.kv.layout import KVLayout, storage
 from baton.services.worker.kv_transfer.base import (KVPeer, KVTransferError, TransferResult,
-                                                    check_read)
+                                                    check_read, heads_match)
 from baton.services.worker.kv_transfer.descriptors import (HeadSlice, check_head_read,
-                                                           coalesced_tables, head_slice_tables)
+                                                           coalesced_tables, head_slice_tables,
+                                                           run_tables)
 from baton.services.worker.kv_transfer.nixl_loader import (configure_ucx_for_cuda, load_nixl,
                                                            new_agent)
 from baton.services.worker.kv_transfer.telemetry import ObservedTransport, TransferMetrics
@@ -74,7 +80,8 @@ class NixlKVTransport(ObservedTransport):
     name = "nixl"
 
     def __init__(self, kv_cache: torch.Tensor, agent_name: str, host: str, port: int,
-                 metrics: TransferMetrics | None = None, ucx_tls: str | None = None) -> None:
+                 metrics: TransferMetrics | None = None, ucx_tls: str | None = None,
+                 head_cache: torch.Tensor | None = None) -> None:
         if kv_cache.device.type == "cuda":
             configure_ucx_for_cuda(ucx_tls)
         self._cache, self._host, self._port, self._metrics = kv_cache, host, port, metrics
@@ -84,6 +91,9 @@ class NixlKVTransport(ObservedTransport):
         self._agent = new_agent(agent_name, port)
         self._agent_name = agent_name
         self._registered = self._agent.register_memory(storage(kv_cache))
+        self._head_layout = None if head_cache is None else KVLayout.of(head_cache)
+        self._head_registered = None if head_cache is None else self._agent.register_memory(
+            storage(head_cache))
         self._local_dlist = self._agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT", descriptor_table(self._layout, self._device_id), self._mem_type)
         self._remotes: dict[str, _Remote] = {}
@@ -96,12 +106,27 @@ class NixlKVTransport(ObservedTransport):
             self._layout.block_nbytes, port)
 
     def local_peer(self) -> KVPeer:
-        return KVPeer(self._agent_name, self._host, self._port, self._layout)
+        return KVPeer(self._agent_name, self._host, self._port, self._layout,
+                      head_layout=self._head_layout)
 
     def _read(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
               notification: bytes, timeout_s: float) -> TransferResult:
         check_read(self._layout, peer, remote_blocks, local_blocks)
-        return self._read_retried(peer, remote_blocks, local_blocks, notification, timeout_s)
+        head = heads_match(self._head_layout, peer.head_layout)
+        return self._read_retried(peer, remote_blocks, local_blocks, notification, timeout_s,
+                                  regions=("kv", "head") if head else ("kv",))
+
+    def read_head(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
+                  timeout_s: float) -> TransferResult:
+        """The EAGLE head's blocks alone, without a notification (head_transport.py reads the
+        target's by rank, then notifies). Raises KVTransferError."""
+        if not heads_match(self._head_layout, peer.head_layout):
+            raise KVTransferError(f"peer {peer.name} has no EAGLE head cache like this one's",
+                                  "invalid")
+        check_read(self._head_layout, replace(peer, layout=peer.head_layout), remote_blocks,
+                   local_blocks)
+        return self._read_retried(peer, remote_blocks, local_blocks, b"", timeout_s,
+                                  regions=("head",))
 
     def read_heads(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
                    part: HeadSlice, timeout_s: float) -> TransferResult:
@@ -119,12 +144,14 @@ class NixlKVTransport(ObservedTransport):
         self._read_retried(peer, [], [], notification, timeout_s)
 
     def _read_retried(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
-                      notification: bytes, timeout_s: float,
-                      part: HeadSlice | None = None) -> TransferResult:
+                      notification: bytes, timeout_s: float, part: HeadSlice | None = None,
+                      regions: tuple[str, ...] = ("kv",)) -> TransferResult:
+        """regions: the caches read, "kv" (the target's, or `part` of it) and "head"."""
         start = time.perf_counter()
         deadline = start + timeout_s
+        read = (peer, remote_blocks, local_blocks, notification, deadline, part, regions)
         try:
-            self._read_once(peer, remote_blocks, local_blocks, notification, deadline, part)
+            self._read_once(*read)
         except _StaleConnection as e:
             # A peer restarted under the same name leaves our cached metadata pointing at its dead
             # endpoint; the failure happened before anything was posted, so a fresh connection may
@@ -133,14 +160,16 @@ class NixlKVTransport(ObservedTransport):
                 "KV read over nixl for request %s: cached connection to %s is stale (%s); "
                 "reconnecting",
                 notification.decode("utf-8", "replace"), peer.name, e)
-            self._read_once(peer, remote_blocks, local_blocks, notification, deadline, part)
+            self._read_once(*read)
         block_nbytes = self._layout.block_nbytes if part is None else (
             self._layout.block_nbytes * part.count // part.local_heads)
-        num_bytes = len(remote_blocks) * self._layout.num_layers * block_nbytes
-        return TransferResult(num_bytes, time.perf_counter() - start)
+        per_block = (self._layout.num_layers * block_nbytes if "kv" in regions else 0) + (
+            self._head_layout.block_nbytes if "head" in regions else 0)
+        return TransferResult(len(remote_blocks) * per_block, time.perf_counter() - start)
 
     def _read_once(self, peer: KVPeer, remote_blocks: list[int], local_blocks: list[int],
-                   notification: bytes, deadline: float, part: HeadSlice | None) -> None:
+                   notification: bytes, deadline: float, part: HeadSlice | None,
+                   regions: tuple[str, ...]) -> None:
         fresh = self._connect(peer, deadline)
         if not remote_blocks:
             self._notify(peer, notification, fresh)
@@ -152,17 +181,23 @@ class NixlKVTransport(ObservedTransport):
                     f"NIXL peer {peer.name} was dropped by a concurrent failed read", "failed")
             try:
                 handle = self._make_read(peer, remote, remote_blocks, local_blocks, notification,
-                                         part)
+                                         part, regions)
             except Exception as e:  # the bindings raise one unrelated class per NIXL status
                 self._drop_locked(peer.name)
                 raise _failure(peer, f"preparing the READ failed: {e!r}", fresh) from e
         self._run(handle, peer, fresh, deadline)
 
     def _make_read(self, peer: KVPeer, remote: _Remote, remote_blocks: list[int],
-                   local_blocks: list[int], notification: bytes, part: HeadSlice | None) -> Any:
-        """A READ of a head slice, or over merged runs where blocks are consecutive on both sides,
-        else over the prepared lists."""
-        if part is not None:
+                   local_blocks: list[int], notification: bytes, part: HeadSlice | None,
+                   regions: tuple[str, ...]) -> Any:
+        """A READ of a head slice, or with the EAGLE head's blocks, or over merged runs where
+        blocks are consecutive on both sides, else over the prepared lists."""
+        if "head" in regions:
+            pairs = [(self._head_layout, peer.head_layout)]
+            if "kv" in regions:
+                pairs.insert(0, (self._layout, peer.layout))
+            tables = run_tables(pairs, remote_blocks, local_blocks, self._device_id)
+        elif part is not None:
             tables = head_slice_tables(self._layout, peer.layout, remote_blocks, local_blocks,
                                        part, self._device_id, self._device_id)
         else:
@@ -300,6 +335,8 @@ class NixlKVTransport(ObservedTransport):
                 self._drop_locked(name)
         self._agent.release_dlist_handle(self._local_dlist)
         self._agent.deregister_memory(self._registered)
+        if self._head_registered is not None:
+            self._agent.deregister_memory(self._head_registered)
         # Dropping the agent (and the handle that refers to it) stops its listener thread and frees
         # the port, for a transport re-made in-process.
         self._agent = self._local_dlist = None
