@@ -85,15 +85,18 @@ def _prompt_tokens_in(item: ScheduledSeq) -> int:
     return max(0, min(item.num_tokens, item.seq.num_prompt_tokens - start))
 
 
-def build_tiers(config: EngineConfig, runner: Runner) -> TierManager | None:
-    """The KV tiers below the device cache, when configured (kv/tiers)."""
+def build_tiers(config: EngineConfig, runner: Runner,
+                head_cache: torch.Tensor | None = None) -> TierManager | None:
+    """The KV tiers below the device cache, when configured (kv/tiers); with an EAGLE head's
+    cache, they keep its blocks with the target's."""
     if config.kv_offload_host_gib == 0:
         return None
     if config.engine == "sim":
         raise ValueError("KV tiers need engine=model: the simulated engine holds no KV to copy")
     # Under tensor parallelism the other ranks' tiers follow rank 0's (tiers/replicas.py).
     return TierManager(runner.kv_cache, config.kv_offload_host_gib, config.kv_offload_disk_dir,
-                       config.kv_offload_disk_gib, replicas=getattr(runner, "executor", None))
+                       config.kv_offload_disk_gib, replicas=getattr(runner, "executor", None),
+                       head_cache=head_cache)
 
 
 class LLMEngine:
@@ -128,7 +131,14 @@ class LLMEngine:
                                       self.device, self.max_model_len, kv_blocks_wanted)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self.model_id,
                                    config.enable_prefix_caching)
-        self.tiers = build_tiers(config, self.runner)
+        # The speculator first: the tiers size their slots for an EAGLE head's blocks too.
+        self.tiers: TierManager | None = None
+        self.speculator = self._speculator(config)
+        proposer = getattr(self.speculator, "proposer", None)
+        # An EAGLE head's KV goes with the target's in a hand-off and through the tiers
+        # (speculation/eagle.py).
+        self.eagle = proposer if isinstance(proposer, EagleProposer) else None
+        self.tiers = build_tiers(config, self.runner, self.head_kv_cache)
         self.blocks.offload = self.tiers
         self.lora: LoRAManager | None = None
         if config.enable_lora:
@@ -146,10 +156,6 @@ class LLMEngine:
                                     self.max_model_len, self.blocks, self.handoffs, self.lora)
         self.outputs = OutputProcessor(self.intake, self.scheduler, self.handoffs, self.counters,
                                        self.eos_ids)
-        self.speculator = self._speculator(config)
-        proposer = getattr(self.speculator, "proposer", None)
-        # An EAGLE head's KV goes with the target's in a hand-off (speculation/eagle.py).
-        self.eagle = proposer if isinstance(proposer, EagleProposer) else None
 
     def _speculator(self, config: EngineConfig) -> Speculator | None:
         spec = parse_speculative_config(config.speculative_config)

@@ -12,9 +12,13 @@ draft token, and each draft token, paired with the head's own output before it, 
 The head's cache has the target's blocks (as many, of the same size), so a sequence's block table
 addresses both and the head's KV lives and goes with the target's blocks, as a draft model's does.
 Its KV at the draft tokens' positions is rewritten by the next catch-up, which starts where the
-previous step's rows start. Positions whose hidden states this worker never computed (prefix-cache
-hits, a prompt handed off by a prefill worker without the same head) keep what their blocks hold:
-the drafts there may be worse, the outputs are the same (verification keeps them exact).
+previous step's rows start. The KV tiers (kv/tiers) store and load the head's blocks with the
+target's, so a prefix or swapped-out sequence that comes back from host memory or disk has its
+head KV too. Positions whose hidden states this worker never computed (prefix-cache hits on blocks
+the head did not fill, a prompt handed off by a prefill worker without the same head) and the
+positions of a finished request's last step (its rows are never caught up: a later prefix hit on
+those blocks reads what the physical block held before) keep what their blocks hold: the drafts
+there may be worse, the outputs are the same (verification keeps them exact).
 
 A KV hand-off carries the head's KV with the target's. The prefill worker, running the same head,
 keeps its prompt's rows too and, once the first token is sampled, runs the head over the whole

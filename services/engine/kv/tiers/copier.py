@@ -6,7 +6,8 @@ memory in one gather and one scatter rather than a copy each; on a GPU it copies
 into the pinned pool (DMA). Blocks the host tier evicts to make room are written to disk after the
 round's copies, outside the lock. A device block being read or written here is never touched by
 the engine meanwhile: a stored block is held from reuse (TierManager.before_reuse), a loading
-request's blocks are its own and it is not scheduled until its load ends.
+request's blocks are its own and it is not scheduled until its load ends. With an EAGLE head each
+copy runs over the head's cache too (TierManager.views, HostTier.pools), in the same round.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from baton.services.engine.kv.tiers.jobs import Flush, Load, Store
 from baton.services.engine.kv.tiers.replicas import TierLoads, TierStores
-from baton.services.engine.kv.tiers.slots import copy_payload, load_slots, store_slots
+from baton.services.engine.kv.tiers.slots import copy_payloads, load_slots, store_slots
 
 if TYPE_CHECKING:
     from baton.services.engine.kv.tiers.manager import TierManager
@@ -100,7 +101,7 @@ class CopyWorker(threading.Thread):
                 if old is not None:
                     tiers.record("removed", old, "host")
                 if old is not None and tiers.disk is not None:
-                    evicted.append((slot, old, host.pool[slot].numpy().tobytes()))
+                    evicted.append((slot, old, host.slot_bytes(slot)))
                 plan.append((s, slot))
         started = time.perf_counter()
         if plan and tiers.replicas is not None:
@@ -109,7 +110,9 @@ class CopyWorker(threading.Thread):
                                            [(slot, h) for slot, h, _ in evicted]))
         if plan:
             with self._on_stream():
-                store_slots(tiers.device_view, host.pool, [(s.block, slot) for s, slot in plan])
+                pairs = [(s.block, slot) for s, slot in plan]
+                for view, pool in zip(tiers.views, host.pools):
+                    store_slots(view, pool, pairs)
                 self._sync()
         stats = tiers.stats["host"]
         stats.seconds_stored += time.perf_counter() - started
@@ -185,14 +188,15 @@ class CopyWorker(threading.Thread):
                     payload = tiers.disk.read(hit.block_hash)
                     if payload is None:
                         break
-                    copy_payload(tiers.device_view, block, payload)
+                    copy_payloads(tiers.views, block, payload)
                 ready += 1
             disk_done = time.perf_counter()
             if host_pairs and tiers.replicas is not None:
                 # Before the load is done and its request runs (see replicas.py).
                 tiers.replicas.send(TierLoads(host_pairs))
             if host_pairs:
-                load_slots(tiers.device_view, tiers.host.pool, host_pairs)
+                for view, pool in zip(tiers.views, tiers.host.pools):
+                    load_slots(view, pool, host_pairs)
             self._sync()
         return ready, disk_done - started, time.perf_counter() - disk_done
 

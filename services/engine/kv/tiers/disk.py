@@ -27,6 +27,9 @@ MAGIC = b"BATONKV1"
 # A block's bytes in the head-major cache order (kv/layout.py): another magic, so a directory
 # written under one EngineConfig.kv_cache_layout serves no block to the other (a header miss).
 MAGICS = {"NHD": MAGIC, "HND": b"BATONKH1"}
+# With an EAGLE head the payload is the target's bytes then the head's (host.py): a format of its
+# own, so a file written with a head (or without) reads as a miss to an engine without (or with).
+HEAD_MAGICS = {"NHD": b"BATONKE1", "HND": b"BATONKF1"}
 HEADER = struct.Struct("<8sQQ32s")  # magic, block hash, payload length, checksum
 SUFFIX = ".kv"
 
@@ -56,11 +59,12 @@ class DiskTier:
     def __init__(self, directory: str | Path, capacity_bytes: int, block_bytes: int,
                  stats: TierStats,
                  record: Callable[[str, int, str], None] = lambda *_: None,
-                 order: str = "NHD") -> None:
+                 order: str = "NHD", head: bool = False) -> None:
         """record(kind, block hash, "disk"): told of each block that enters or leaves the tier
-        after its start (the files found then are in its index). order: the cache's (MAGICS)."""
+        after its start (the files found then are in its index). order: the cache's (MAGICS).
+        head: payloads carry an EAGLE head's bytes too (HEAD_MAGICS)."""
         self.dir = Path(directory)
-        self.magic = MAGICS[order]
+        self.magic = (HEAD_MAGICS if head else MAGICS)[order]
         self.record = record
         self.dir.mkdir(parents=True, exist_ok=True)
         self.block_bytes = block_bytes

@@ -3,6 +3,9 @@ never exceeds it, kept by LRU under the prefix cache's chained block hashes.
 
 A slot holds one block of every layer, [layers, block_nbytes] bytes, contiguous: one range per
 block to copy or write to disk. On a GPU the pool is pinned so that copies are DMA transfers.
+With an EAGLE head (speculation/eagle.py), whose cache has the target's block ids, a second pool
+of the head's [layers, block_nbytes] per slot holds the head's bytes of the slot's block: a block
+leaves and comes back with its head KV, under the same slot and hash.
 Not thread-safe: TierManager guards it with its lock.
 """
 from __future__ import annotations
@@ -15,14 +18,26 @@ import torch
 class HostTier:
 
     def __init__(self, capacity_blocks: int, num_layers: int, block_nbytes: int,
-                 pin: bool = False) -> None:
+                 pin: bool = False, head: tuple[int, int] | None = None) -> None:
+        """head: the head cache's (layers, block_nbytes), for its pool; None without a head."""
         self.capacity = capacity_blocks
-        self.block_bytes = num_layers * block_nbytes
         self.pool = torch.empty((capacity_blocks, num_layers, block_nbytes), dtype=torch.uint8,
                                 pin_memory=pin)
+        self.head_pool = None if head is None else torch.empty(
+            (capacity_blocks, *head), dtype=torch.uint8, pin_memory=pin)
+        self.block_bytes = num_layers * block_nbytes + (0 if head is None else head[0] * head[1])
         self.index: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, LRU first
         self.free_slots = list(range(capacity_blocks - 1, -1, -1))
         self.pins: Counter[int] = Counter()  # slots being read by a load: never evicted
+
+    @property
+    def pools(self) -> list[torch.Tensor]:
+        """The target's pool, then the head's when there is one."""
+        return [self.pool] if self.head_pool is None else [self.pool, self.head_pool]
+
+    def slot_bytes(self, slot: int) -> bytes:
+        """A slot's bytes as the disk tier stores them: the target's, then the head's."""
+        return b"".join(pool[slot].numpy().tobytes() for pool in self.pools)
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self.index

@@ -28,16 +28,22 @@ GIB = 1 << 30
 class TierManager:
 
     def __init__(self, kv_cache: torch.Tensor, host_gib: float, disk_dir: str | None = None,
-                 disk_gib: float = 0.0, replicas: Replicas | None = None) -> None:
+                 disk_gib: float = 0.0, replicas: Replicas | None = None,
+                 head_cache: torch.Tensor | None = None) -> None:
         """replicas: under tensor parallelism, rank 0's line to the other ranks, whose tiers
-        follow this one's copies (replicas.py, disk_replicas.py)."""
+        follow this one's copies (replicas.py, disk_replicas.py). head_cache: an EAGLE head's
+        cache (kv_cache's block ids; rank 0's alone under tensor parallelism), whose blocks the
+        tiers keep and bring back with the target's."""
         self.device_view = byte_view(kv_cache)  # [layers, blocks, block_nbytes]
+        self.head_view = None if head_cache is None else byte_view(head_cache)
         layers, _, nbytes = self.device_view.shape
         self.block_size = kv_cache.shape[3]
         self.stats = {"host": TierStats(), "disk": TierStats()}
-        block_bytes = layers * nbytes
+        head = None if self.head_view is None else (self.head_view.shape[0],
+                                                    self.head_view.shape[2])
+        block_bytes = layers * nbytes + (0 if head is None else head[0] * head[1])
         self.host = HostTier(int(host_gib * GIB) // block_bytes, layers, nbytes,
-                             pin=kv_cache.is_cuda)
+                             pin=kv_cache.is_cuda, head=head)
         self.replicas = replicas
         if replicas is not None:
             replicas.send(TierPool(self.host.capacity))
@@ -51,7 +57,7 @@ class TierManager:
         if disk_dir is not None:
             own = disk_dir if replicas is None else share_dir(disk_dir, 0, replicas.size)
             self.disk = DiskTier(own, int(disk_gib * GIB), block_bytes, self.stats["disk"],
-                                 self.record, order_of(kv_cache))
+                                 self.record, order_of(kv_cache), head is not None)
             if replicas is not None:
                 self.disk_mirror = DiskMirror(replicas, disk_dir, int(disk_gib * GIB),
                                               list(self.disk.index))
@@ -61,6 +67,12 @@ class TierManager:
         self.jobs: queue.SimpleQueue[Store | Load | Flush | None] = queue.SimpleQueue()
         self.worker = CopyWorker(self)
         self.worker.start()
+
+    @property
+    def views(self) -> list[torch.Tensor]:
+        """The device caches whose blocks the tiers hold, in HostTier.pools' order."""
+        return [self.device_view] if self.head_view is None else [self.device_view,
+                                                                   self.head_view]
 
     def record(self, kind: str, block_hash: int, medium: Medium) -> None:
         """A block entered ("stored") or left ("removed") a tier."""

@@ -28,7 +28,17 @@ def load_slots(view: torch.Tensor, pool: torch.Tensor, pairs: list[tuple[int, in
     view.index_copy_(1, blocks, rows.transpose(0, 1))
 
 
-def copy_payload(view: torch.Tensor, block: int, payload: bytes) -> None:
+def copy_payload(view: torch.Tensor, block: int, payload: bytes | memoryview) -> None:
     """A block's bytes as read from disk, [layers, block_nbytes], into device block `block`."""
     data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     view[:, block].copy_(data.view(view.shape[0], view.shape[2]))
+
+
+def copy_payloads(views: list[torch.Tensor], block: int, payload: bytes) -> None:
+    """A disk payload of several caches' bytes of a block, one after the other in views' order
+    (HostTier.slot_bytes), each into its cache's block `block`."""
+    data, start = memoryview(payload), 0
+    for view in views:
+        size = view.shape[0] * view.shape[2]
+        copy_payload(view, block, data[start:start + size])
+        start += size
