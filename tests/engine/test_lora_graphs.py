@@ -21,6 +21,7 @@ from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, Ste
 from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import (assert_matches, greedy_reference, make_adapters,
                                        reference_model)
+from tests.engine.tp_graph_helpers import spy_runs
 
 # Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,17 +61,6 @@ def _run(engine: LLMEngine, case: dict) -> dict[str | None, list[int]]:
     return {name: done[str(name)] for name in case["prompts"]}
 
 
-def _spy(graphs) -> list[DecodeBatch]:
-    seen, run = [], graphs.run
-
-    def spy(batch: DecodeBatch, bucket: int | None = None):
-        seen.append(batch)
-        return run(batch, bucket)
-
-    graphs.run = spy
-    return seen
-
-
 def _check_peft(got: dict, case: dict) -> None:
     for name, tokens in got.items():
         want, gaps = case["want"][name]
@@ -82,8 +72,9 @@ def _check_peft(got: dict, case: dict) -> None:
 def bucketed(case) -> tuple[LLMEngine, list[DecodeBatch], dict]:
     """A TP=1 engine after decoding the batch through its buckets; what it ran, its tokens."""
     engine = _engine(case, max_loras=3)
-    batches = _spy(engine.runner.graphs)
-    return engine, batches, _run(engine, case)
+    runs = spy_runs(engine.runner.graphs)
+    got = _run(engine, case)
+    return engine, [batch for batch, _ in runs], got
 
 
 def test_mixed_batch_through_the_buckets_matches_peft_and_unbucketed(case, bucketed):
@@ -158,10 +149,10 @@ def test_a_follower_fills_the_same_adapter_indices_and_replays_the_same_variant(
     leader.lora.replicas = LoRAReplicas(mirror.send)
     for module in leader.lora.modules.values():  # registered before the mirror was there
         mirror.send(ReadAdapter(module))
-    ours, theirs = _spy(leader.runner.graphs), _spy(follower.runner.graphs)
+    ours, theirs = spy_runs(leader.runner.graphs), spy_runs(follower.runner.graphs)
     _check_peft(_run(leader, case), case)
-    assert [b.adapters for b in ours] == [b.adapters for b in theirs]
-    assert any(b.adapters for b in theirs) and any(b is not None for b in mirror.buckets)
+    assert [b.adapters for b, _ in ours] == [b.adapters for b, _ in theirs]
+    assert any(b.adapters for b, _ in theirs) and any(b is not None for b in mirror.buckets)
     assert follower.runner.graphs.lora_replays == leader.runner.graphs.lora_replays > 0
     assert torch.equal(leader.runner.kv_cache, follower.runner.kv_cache)
 

@@ -15,10 +15,10 @@ from baton.services.engine.config import EngineConfig
 from baton.services.engine.cuda_graphs import DecodeBatch, bucket_sizes, capture_in_lockstep
 from baton.services.engine.llm_engine import LLMEngine
 from baton.services.engine.parallel.state import solo
-from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, StepDecoder,
-                                                      StepEncoder)
+from baton.services.engine.parallel.step_sync import MirrorItem, MirrorSeq, StepEncoder
 from tests.engine.engine_helpers import random_prompts
-from tests.engine.tp_graph_helpers import TIME_LIMIT_S, CaptureTask, capture, slow_clock
+from tests.engine.tp_graph_helpers import (TIME_LIMIT_S, CaptureTask, StepMirror, capture,
+                                          slow_clock, spy_runs)
 
 # Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use:
 # there the same tests run on the GPU, the buckets eager as on CPU.
@@ -42,43 +42,14 @@ def _generate(engine: LLMEngine, prompts) -> list[list[int]]:
     return [out.token_ids for out in engine.generate(prompts, params)]
 
 
-def _spy_buckets(graphs) -> list[int | None]:
-    """Records the bucket of every run call (None: the smallest that fits)."""
-    seen, run = [], graphs.run
-
-    def spy(batch: DecodeBatch, bucket: int | None = None):
-        seen.append(bucket)
-        return run(batch, bucket)
-
-    graphs.run = spy
-    return seen
-
-
-class _Mirror:
-    """Stands in for rank 0's executor: each step message goes to a second runner's
-    execute_follower, as a follower rank's loop hands it over."""
-
-    def __init__(self, follower) -> None:
-        self.follower, self.decoder = follower, StepDecoder()
-        self.messages = []
-
-    def send(self, message) -> None:
-        self.messages.append(message)
-        self.follower.execute_follower(self.decoder.decode(message), message.score_rows,
-                                       message.bucket)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def mirrored(tiny_model_dirs, prompts):
     """Rank 0's runner (a TP=1 engine) whose steps a follower runner mirrors; its outputs."""
     config = EngineConfig(model=str(tiny_model_dirs["llama"]), **ENGINE)
     leader, follower = LLMEngine(config), LLMEngine(config).runner
-    mirror = leader.runner.executor = _Mirror(follower)
+    mirror = leader.runner.executor = StepMirror(follower)
     leader.runner.encoder = StepEncoder()
-    leader_runs, follower_runs = _spy_buckets(leader.runner.graphs), _spy_buckets(follower.graphs)
+    leader_runs, follower_runs = spy_runs(leader.runner.graphs), spy_runs(follower.graphs)
     out = _generate(leader, prompts)
     return leader.runner, follower, mirror, leader_runs, follower_runs, out
 
@@ -87,7 +58,7 @@ def test_followers_replay_the_bucket_rank0_names(mirrored):
     leader, follower, mirror, leader_runs, follower_runs, _ = mirrored
     assert leader.graphs.buckets == follower.graphs.buckets == [1, 2, 4]
     named = [m.bucket for m in mirror.messages if m.bucket is not None]
-    assert named and leader_runs == follower_runs == named
+    assert named and [b for _, b in leader_runs] == [b for _, b in follower_runs] == named
     padded = [m for m in mirror.messages if m.bucket is not None and m.bucket > len(m.seqs)]
     assert padded, "no decode step was padded"
     # Steps with prefill tokens ran eagerly on both.

@@ -15,8 +15,7 @@ import torch
 from baton.services.common.sampling_params import SamplingParams
 from baton.services.engine.config import EngineConfig
 from baton.services.engine.llm_engine import LLMEngine
-from baton.services.engine.parallel.step_sync import (MirrorItem, MirrorSeq, StepDecoder,
-                                                      StepEncoder)
+from baton.services.engine.parallel.step_sync import MirrorItem, MirrorSeq, StepEncoder
 from baton.services.engine.verify_graphs import VerifyBatch, verify_batch
 from tests.engine.draft_helpers import perturbed_copy
 from tests.engine.eagle_helpers import agreeing_head, bigram_target, make_head
@@ -25,6 +24,7 @@ from tests.engine.engine_helpers import random_prompts
 from tests.engine.lora_helpers import make_adapters
 from tests.engine.test_speculation import OracleProposer
 from tests.engine.test_speculation_draft import DraftRecorder
+from tests.engine.tp_graph_helpers import StepMirror, spy_runs
 
 # Triton runs CPU tensors only in interpreter mode, which a CUDA machine's test run does not use.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,32 +48,6 @@ def _engine(model, spec: str | None, **kwargs) -> LLMEngine:
                                   **{**ENGINE, **kwargs}))
 
 
-def _spy(graphs) -> list[tuple[VerifyBatch, int | None]]:
-    seen, run = [], graphs.run
-
-    def spy(batch, bucket=None):
-        seen.append((batch, bucket))
-        return run(batch, bucket)
-
-    graphs.run = spy
-    return seen
-
-
-class _Mirror:
-    """Stands in for rank 0's executor: each step message goes to a follower runner."""
-
-    def __init__(self, follower) -> None:
-        self.follower, self.decoder, self.messages = follower, StepDecoder(), []
-
-    def send(self, message) -> None:
-        self.messages.append(message)
-        self.follower.execute_follower(self.decoder.decode(message), message.score_rows,
-                                       message.bucket)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def plain(tiny_model_dirs, prompts):
     return [o.token_ids for o in _engine(tiny_model_dirs["llama"], None).generate(prompts,
@@ -87,9 +61,9 @@ def oracle(tiny_model_dirs, prompts, plain):
     model = tiny_model_dirs["llama"]
     engine, follower = _engine(model, NGRAM), _engine(model, NGRAM).runner
     engine.speculator.proposer = OracleProposer([p + o for p, o in zip(prompts, plain)])
-    mirror = engine.runner.executor = _Mirror(follower)
+    mirror = engine.runner.executor = StepMirror(follower)
     engine.runner.encoder = StepEncoder()
-    seen, follower_seen = _spy(engine.runner.verify_graphs), _spy(follower.verify_graphs)
+    seen, follower_seen = spy_runs(engine.runner.verify_graphs), spy_runs(follower.verify_graphs)
     out = [o.token_ids for o in engine.generate(prompts, PARAMS)]
     return engine, follower, mirror, seen, follower_seen, out
 
