@@ -12,16 +12,9 @@ import pytest
 from baton.services.checkpoints.tiny_lora import make_tiny_lora
 from baton.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.engine.engine_helpers import random_prompts
+from tests.gateway.test_lora_runtime import KEYS
 from tests.launcher import launch_worker, start_stack, stop_all, wait_for
 
-KEYS = """
-tenants:
-  - name: ops
-    keys: ["sk-ops"]
-    admin: true
-  - name: alpha
-    keys: ["sk-alpha"]
-"""
 NEW_TOKENS = 8
 
 
