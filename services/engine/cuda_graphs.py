@@ -51,7 +51,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -98,6 +98,13 @@ class DecodeBatch:
     context_lens: list[int]
     # Each row's LoRA slot (-1: the base model); None when no row has an adapter.
     adapters: list[int] | None = None
+
+
+def row_adapters(items: list[Any]) -> list[int] | None:
+    """Each item's LoRA slot (-1: the base model), or None when no item has an adapter (the step
+    then runs the base model alone)."""
+    slots = [s.seq.lora_slot for s in items]
+    return None if all(s is None for s in slots) else [-1 if s is None else s for s in slots]
 
 
 def buffer_pair(shape: tuple[int, ...], dtype: torch.dtype,

@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 from baton.services.common.model_config import head_dim
 from baton.services.engine.kv import kv_cache
 from baton.services.engine.config import EngineConfig
-from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs
+from baton.services.engine.cuda_graphs import DecodeBatch, DecodeGraphs, row_adapters
 from baton.services.engine.layers.attention import (Attention, AttentionMetadata, PrefillSpan,
                                                     plan_torch)
 from baton.services.engine.lora.replicas import LoRAReplicas
@@ -272,9 +272,8 @@ class ModelRunner:
 
     def _lora_slots(self, packed: list[ScheduledSeq]) -> torch.Tensor | None:
         """Each sequence's adapter slot (-1: the base model); None when no sequence has one."""
-        if self.lora is None or all(s.seq.lora_slot is None for s in packed):
-            return None
-        return torch.tensor([-1 if s.seq.lora_slot is None else s.seq.lora_slot for s in packed])
+        slots = None if self.lora is None else row_adapters(packed)
+        return None if slots is None else torch.tensor(slots)
 
 
 def _sample_rows(packed: list[ScheduledSeq], ends: torch.Tensor) -> torch.Tensor:
@@ -343,9 +342,8 @@ def decode_batch(scheduled: list[ScheduledSeq], block_size: int) -> DecodeBatch:
     carry rank 0's LoRA slots, so every rank fills the same adapter indices."""
     positions = [s.seq.num_computed_tokens for s in scheduled]
     tables = [s.seq.block_ids for s in scheduled]
-    slots = [s.seq.lora_slot for s in scheduled]
-    adapters = None if all(s is None for s in slots) else [-1 if s is None else s for s in slots]
     return DecodeBatch(
         token_ids=[s.seq.token_ids[p] for s, p in zip(scheduled, positions)], positions=positions,
         slots=[t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)],
-        block_tables=tables, context_lens=[p + 1 for p in positions], adapters=adapters)
+        block_tables=tables, context_lens=[p + 1 for p in positions],
+        adapters=row_adapters(scheduled))

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from baton.services.engine.cuda_graphs import (CAPTURE_TIME_LIMIT_S, DecodeGraphs, Forward,
-                                               buffer_pair)
+                                               buffer_pair, row_adapters)
 from baton.services.engine.layers.attention import AttentionMetadata
 from baton.services.engine.speculation.config import SpeculativeConfig
 
@@ -171,10 +171,8 @@ def verify_batch(scheduled: list[Any]) -> VerifyBatch:
     """Each item's last token and draft, from its computed count on. A follower's items carry rank
     0's drafts and LoRA slots, so every rank fills the same buffers."""
     firsts = [s.seq.num_computed_tokens for s in scheduled]
-    slots = [s.seq.lora_slot for s in scheduled]
-    adapters = None if all(s is None for s in slots) else [-1 if s is None else s for s in slots]
     return VerifyBatch([[s.seq.token_ids[p]] + list(s.draft) for s, p in zip(scheduled, firsts)],
-                       firsts, [s.seq.block_ids for s in scheduled], adapters)
+                       firsts, [s.seq.block_ids for s in scheduled], row_adapters(scheduled))
 
 
 def verify_rows(scheduled: list[Any], width: int) -> list[int]:

@@ -133,8 +133,8 @@ class RouterServicer:
         """Records a LoRA adapter loaded (or unloaded) at runtime as the fleet's desired state: the
         router loads it onto every worker of its base model that lacks it (one that registers,
         restarts or is discovered later) and places requests for it only on workers that have it.
-        Idempotent: gateways re-assert their record of it whenever a router has forgotten it. Unknown
-        model: NOT_FOUND; a missing name: INVALID_ARGUMENT.
+        Idempotent: gateways re-assert their record of it whenever a router has forgotten it.
+        Unknown model: NOT_FOUND; a missing name: INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
